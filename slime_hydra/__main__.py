@@ -1,0 +1,4 @@
+from slime_hydra.cli import main
+
+if __name__ == "__main__":
+    main()

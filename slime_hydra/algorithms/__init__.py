@@ -1,0 +1,1 @@
+"""Pure tensor functions for advantages and losses: no I/O, no torch.distributed, no config trees."""

@@ -1,0 +1,1 @@
+"""Config layer: schemas, ConfigStore registration, preflight composition and validation."""

@@ -1,0 +1,218 @@
+"""Compose and validate before anything heavy starts, reporting every problem at once.
+
+Hydra alone stops at the first bad override with its own message. Here each override is checked
+against the schema (unknown keys and group options get the nearest valid names, also for `+key=`),
+type errors are collected per override, and every job of a multirun sweep is composed and
+validated, so a typo in the tenth sweep value fails before Ray or a model starts.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+from typing import Any, Iterable, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from slime_hydra.config.schema import GROUP_SCHEMAS, RunConfig
+from slime_hydra.config.store import CONF_DIR, register
+from slime_hydra.errors import ConfigError
+
+MAX_SWEEP_JOBS_CHECKED = 64
+
+
+def _is_hydra_override(key: str) -> bool:
+    return key == "hydra" or key.startswith(("hydra.", "hydra/"))
+
+
+def _leaf_paths(node: Any, prefix: str = "") -> list[str]:
+    out = []
+    if isinstance(node, DictConfig):
+        for k in node.keys():
+            path = f"{prefix}.{k}" if prefix else str(k)
+            out.append(path)
+            out.extend(_leaf_paths(node._get_node(k), path))
+    return out
+
+
+class Composer:
+    """Composes configs from conf/ with the project's schemas registered."""
+
+    def __init__(self, config_name: str = "config"):
+        register()
+        from hydra import initialize_config_dir
+
+        self._ctx = initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="slime_hydra")
+        self._ctx.__enter__()
+        self.config_name = config_name
+
+    def close(self) -> None:
+        self._ctx.__exit__(None, None, None)
+
+    def __enter__(self) -> "Composer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def compose(self, overrides: list[str]) -> DictConfig:
+        from hydra import compose
+
+        return compose(config_name=self.config_name, overrides=overrides)
+
+    def group_options(self, group: str) -> list[str]:
+        from hydra.core.global_hydra import GlobalHydra
+
+        return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
+
+    def groups(self) -> set[str]:
+        from hydra.core.global_hydra import GlobalHydra
+
+        loader = GlobalHydra.instance().config_loader()
+        return {g for g in loader.list_groups("") if g not in ("hydra", "schema")}
+
+
+def _nearest(word: str, candidates: Iterable[str], n: int = 3) -> str:
+    cands = list(candidates)
+    close = difflib.get_close_matches(word, cands, n=n, cutoff=0.5)
+    if not close:  # match on the last path component too: `rollout_batch_size` -> `rollout.rollout_batch_size`
+        leaf = word.split(".")[-1]
+        close = [c for c in cands if c.split(".")[-1] == leaf][:n] or difflib.get_close_matches(leaf, cands, n=n, cutoff=0.6)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
+
+
+def _check_key(base: DictConfig, key: str, all_paths: list[str]) -> Optional[str]:
+    """None if `key` names a schema field (or an entry of a free-form dict field)."""
+    parts = key.split(".")
+    node: Any = base
+    for i, part in enumerate(parts):
+        if not isinstance(node, DictConfig):
+            return f"unknown key {key!r}: {'.'.join(parts[:i])} is not a config node{_nearest(key, all_paths)}"
+        if part in node:
+            node = node._get_node(part)
+            continue
+        if node._metadata.object_type in (dict, None) and i > 0:  # a free-form dict field: new keys are fine
+            return None
+        scope = ".".join(parts[:i]) or "the top level"
+        siblings = [f"{'.'.join(parts[:i])}.{k}" if i else str(k) for k in node.keys()]
+        return f"unknown key {key!r} (no field {part!r} in {scope}){_nearest(key, siblings + all_paths)}"
+    return None
+
+
+def check_overrides(composer: Composer, overrides: list[str]) -> tuple[Optional[DictConfig], list[str]]:
+    """Compose one job's overrides; returns (config or None, problems)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    problems: list[str] = []
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    groups = composer.groups()
+    group_ovr, key_ovr = [], []
+    for text, o in zip(overrides, parsed):
+        key = o.key_or_group
+        if _is_hydra_override(key):
+            continue
+        if key in groups or key.split("@")[0] in groups:
+            group = key.split("@")[0]
+            value = o.value()
+            options = composer.group_options(group)
+            if o.is_delete() or value is None or value in options:
+                group_ovr.append(text)
+            else:
+                problems.append(f"{group}={value}: no such option in conf/{group}/; options: {options}{_nearest(str(value), options)}")
+        else:
+            key_ovr.append((text, key))
+    try:
+        base = composer.compose(group_ovr)
+    except Exception as e:  # noqa: BLE001 - a broken option file; report it with the others
+        return None, problems + [f"composing {group_ovr or 'the defaults'} failed: {_hydra_message(e)}"]
+    all_paths = _leaf_paths(base)
+    good = []
+    for text, key in key_ovr:
+        bad = _check_key(base, key, all_paths)
+        if bad:
+            problems.append(bad)
+            continue
+        try:
+            composer.compose(group_ovr + [text])
+            good.append(text)
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"{text}: {_hydra_message(e)}")
+    if problems:
+        return None, problems
+    return composer.compose(group_ovr + good), []
+
+
+def _hydra_message(e: Exception) -> str:
+    msg = str(e).strip()
+    cause = e.__cause__ or e.__context__
+    if cause is not None and str(cause).strip() and str(cause).strip() not in msg:
+        msg = f"{msg} ({str(cause).strip()})"
+    return " ".join(msg.split())
+
+
+def to_run_config(cfg: DictConfig) -> RunConfig:
+    """DictConfig -> typed RunConfig (interpolations resolved), minus Hydra's own node."""
+    cfg = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]) if "hydra" in cfg else cfg
+    return OmegaConf.to_object(cfg)
+
+
+def validate_composed(cfg: DictConfig) -> tuple[Optional[RunConfig], list[str], list[str]]:
+    from slime_hydra.config.validate import check
+
+    try:
+        typed = to_run_config(cfg)
+    except Exception as e:  # noqa: BLE001 - missing values and interpolation errors
+        return None, [_hydra_message(e)], []
+    return check(typed)
+
+
+def expand_sweeps(overrides: list[str]) -> list[list[str]]:
+    """Multirun overrides -> the override list of each job (choice and range sweeps expanded)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    axes: list[list[str]] = []
+    for text, o in zip(overrides, parsed):
+        if o.is_sweep_override() and not o.is_interval_sweep():
+            key = o.get_key_element()
+            axes.append([f"{key}={v}" for v in o.sweep_string_iterator()])
+        elif o.is_interval_sweep():
+            continue  # a continuous range for an optimizer sweeper: validated at its default
+        else:
+            axes.append([text])
+    jobs = [list(combo) for combo in itertools.islice(itertools.product(*axes), MAX_SWEEP_JOBS_CHECKED)]
+    return jobs or [[]]
+
+
+def preflight(overrides: list[str], multirun: bool = False, config_name: str = "config") -> list[RunConfig]:
+    """Compose + validate every job; raise ConfigError listing every problem."""
+    jobs = expand_sweeps(overrides) if multirun else [overrides]
+    problems: list[str] = []
+    configs: list[RunConfig] = []
+    with Composer(config_name) as composer:
+        for job in jobs:
+            cfg, probs = check_overrides(composer, job)
+            if cfg is not None:
+                typed, probs, _ = validate_composed(cfg)
+                if typed is not None:
+                    configs.append(typed)
+            prefix = f"[job {' '.join(job)}] " if multirun and len(jobs) > 1 else ""
+            problems.extend(prefix + p for p in probs if prefix + p not in problems)
+    if problems:
+        raise ConfigError(problems)
+    return configs
+
+
+def compose_run(overrides: list[str], config_name: str = "config") -> RunConfig:
+    """Compose, validate and derive one run's typed config (the path tests and tools use)."""
+    with Composer(config_name) as composer:
+        cfg, problems = check_overrides(composer, overrides)
+        if cfg is None:
+            raise ConfigError(problems)
+        typed, problems, _ = validate_composed(cfg)
+    if problems:
+        raise ConfigError(problems)
+    return typed
+
+
+__all__ = ["Composer", "preflight", "compose_run", "expand_sweeps", "GROUP_SCHEMAS"]

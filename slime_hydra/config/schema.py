@@ -1,0 +1,211 @@
+"""Typed schemas: every default of every config key lives here, once.
+
+YAML options under conf/ attach one of these dataclasses (``defaults: [/schema/<group>@_here_]``)
+and carry only what differs. Key names follow slime's argument names so its users feel at home
+(``--rollout-batch-size`` is ``rollout.rollout_batch_size``). Semantic checks live in
+``validate.py``; this module only declares shapes, types and defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    """Architecture (slime's MODEL_ARGS names) and where the weights come from."""
+
+    name: str = "qwen3-tiny"
+    # HF directory (config.json + safetensors + tokenizer). None: build a randomly initialised model
+    # from the fields below with the project's character tokenizer (the embedded default).
+    hf_checkpoint: Optional[str] = None
+    architecture: str = "qwen3"  # transformers model family built when hf_checkpoint is None
+    num_layers: int = 4
+    hidden_size: int = 128
+    ffn_hidden_size: int = 384
+    num_attention_heads: int = 4
+    num_query_groups: int = 2
+    kv_channels: int = 32
+    rotary_base: float = 10000.0
+    norm_epsilon: float = 1e-6
+    max_position_embeddings: int = 256
+    untie_embeddings_and_output_weights: bool = False
+    qk_layernorm: bool = True
+    vocab_size: Optional[int] = None  # None: taken from the tokenizer
+    init_std: float = 0.02
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantage estimator and policy loss (slime semantics)."""
+
+    name: str = "grpo"
+    advantage_estimator: str = "grpo"
+    loss_type: str = "policy_loss"  # policy_loss | sft_loss
+    eps_clip: float = 0.2
+    eps_clip_high: Optional[float] = None  # DAPO clip-higher; None means eps_clip
+    eps_clip_c: Optional[float] = None  # dual clip lower bound (> 1) for negative advantages
+    rewards_normalization: bool = True  # subtract the group mean
+    grpo_std_normalization: bool = True  # divide by group std + 1e-6 (Dr.GRPO turns this off)
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 | low_var_kl
+    entropy_coef: float = 0.0
+    # sample_token_mean: mean over samples of each sample's token mean (slime's default)
+    # token_mean: mean over every response token of the batch (slime's calculate_per_token_loss)
+    loss_aggregation: str = "sample_token_mean"
+
+
+@dataclass
+class ParallelismConfig:
+    """Model parallel layout (read by the megatron backend; the torch backend needs all ones)."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    sequence_parallel: bool = False
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "local"  # local | sglang
+    rollout_batch_size: int = 32  # prompts per rollout
+    n_samples_per_prompt: int = 8
+    rollout_max_response_len: int = 8
+    rollout_temperature: float = 1.0
+    rollout_top_p: float = 1.0
+    rollout_top_k: int = -1  # -1: no top-k
+    rollout_stop: list[str] = field(default_factory=list)
+    rollout_stop_token_ids: list[int] = field(default_factory=list)
+    rollout_shuffle: bool = True
+    rollout_seed: int = 42
+    generation_batch_size: int = 256  # sequences per forward pass in the local backend
+
+
+@dataclass
+class DataConfig:
+    name: str = "addition"
+    prompt_data: Optional[str] = None  # jsonl path (slime format: {"prompt": ..., "label": ...})
+    input_key: str = "prompt"
+    label_key: str = "label"
+    metadata_key: str = "metadata"
+    apply_chat_template: bool = False
+    rollout_max_prompt_len: Optional[int] = None  # longer prompts are dropped at load time
+
+
+@dataclass
+class EvalConfig:
+    # name -> jsonl path; each is evaluated and logged as eval/<name>/accuracy
+    eval_prompt_data: dict[str, str] = field(default_factory=dict)
+    eval_interval: Optional[int] = None  # rollouts between evals; None: only before and after training
+    skip_eval_before_train: bool = False
+    n_samples_per_eval_prompt: int = 1
+    # None falls back to the rollout value; eval_top_k=1 is greedy decoding
+    eval_temperature: Optional[float] = None
+    eval_top_p: Optional[float] = None
+    eval_top_k: Optional[int] = None
+    eval_max_response_len: Optional[int] = None
+
+
+@dataclass
+class RewardConfig:
+    rm_type: str = "math"  # math | exact_match
+    # A custom reward function: {"_target_": "pkg.module.fn"}; fn(sample) -> float
+    custom_rm: Optional[dict[str, Any]] = None
+
+
+@dataclass
+class TrainConfig:
+    backend: str = "torch"  # torch | megatron
+    global_batch_size: Optional[int] = None  # samples per optimizer step; derived when None
+    num_steps_per_rollout: Optional[int] = None  # optimizer steps per rollout; derived when None
+    micro_batch_size: int = 64
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    lr_decay_style: str = "constant"  # constant | linear | cosine
+    lr_warmup_iters: int = 0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    # Leave samples whose advantages are all zero out of the backward pass. Exact when no term of the
+    # loss (KL, entropy) depends on them; validation turns it off otherwise.
+    skip_zero_advantage_samples: bool = True
+
+
+@dataclass
+class WarmStartConfig:
+    """A supervised warm start (slime's loss_type=sft_loss) before RL; steps=0 disables it."""
+
+    steps: int = 0
+    lr: float = 1e-3
+    batch_size: int = 64
+
+
+@dataclass
+class LoggerConfig:
+    tracker: str = "mlflow"  # mlflow | tensorboard | none
+    tracking_uri: str = "sqlite:///mlruns.db"
+    mlflow_experiment: str = "slime_hydra"
+    tensorboard_dir: str = "tensorboard"
+    progress_bar: bool = True
+
+
+@dataclass
+class ClusterConfig:
+    """slime's resource keys; one process on CPU by default."""
+
+    actor_num_nodes: int = 1
+    actor_num_gpus_per_node: int = 1
+    rollout_num_gpus: Optional[int] = None  # colocate: the actor's GPUs
+    rollout_num_gpus_per_engine: int = 1
+    colocate: bool = True
+    device: str = "auto"  # auto | cpu | cuda
+    num_threads: Optional[int] = None  # torch intra-op threads; None keeps torch's choice
+
+
+@dataclass
+class RunConfig:
+    """The composed run. Groups are typed nodes; run-level keys sit at the top."""
+
+    model: ModelConfig = MISSING
+    algorithm: AlgorithmConfig = MISSING
+    parallelism: ParallelismConfig = MISSING
+    rollout: RolloutConfig = MISSING
+    data: DataConfig = MISSING
+    eval: EvalConfig = MISSING
+    reward: RewardConfig = MISSING
+    train: TrainConfig = MISSING
+    warmstart: WarmStartConfig = MISSING
+    logger: LoggerConfig = MISSING
+    cluster: ClusterConfig = MISSING
+
+    experiment_name: str = "default"
+    seed: int = 1234
+    num_rollout: Optional[int] = None
+    save: Optional[str] = None  # checkpoint directory; None: <output_dir>/checkpoints
+    save_interval: Optional[int] = None  # rollouts between checkpoints; the last one is always saved
+    load: Optional[str] = None  # checkpoint directory to resume from
+    output_dir: Optional[str] = None  # None: the Hydra job's output directory
+
+
+# group name -> schema, registered under schema/<group> in the ConfigStore
+GROUP_SCHEMAS: dict[str, type] = {
+    "model": ModelConfig,
+    "algorithm": AlgorithmConfig,
+    "parallelism": ParallelismConfig,
+    "rollout": RolloutConfig,
+    "data": DataConfig,
+    "eval": EvalConfig,
+    "reward": RewardConfig,
+    "train": TrainConfig,
+    "warmstart": WarmStartConfig,
+    "logger": LoggerConfig,
+    "cluster": ClusterConfig,
+}

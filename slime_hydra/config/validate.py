@@ -1,0 +1,164 @@
+"""Semantic validation and derivations over the typed RunConfig.
+
+`check(cfg)` returns the config with derived values filled in, every problem found (each naming the
+key and the fix) and notes about derivations. It touches no model, GPU or Ray: only the file system
+(do data files exist) and imports of `_target_` plug-ins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from pathlib import Path
+from typing import Any, Optional
+
+from slime_hydra.config.schema import RunConfig
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "algorithm.advantage_estimator": ("grpo",),
+    "algorithm.loss_type": ("policy_loss", "sft_loss"),
+    "algorithm.kl_loss_type": ("k1", "k2", "k3", "low_var_kl"),
+    "algorithm.loss_aggregation": ("sample_token_mean", "token_mean"),
+    "rollout.backend": ("local",),
+    "train.backend": ("torch",),
+    "train.lr_decay_style": ("constant", "linear", "cosine"),
+    "logger.tracker": ("mlflow", "tensorboard", "none"),
+    "model.dtype": ("float32", "bfloat16", "float16"),
+    "reward.rm_type": ("math", "exact_match"),
+    "cluster.device": ("auto", "cpu", "cuda"),
+}
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def check_batch(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
+    """rollout_batch_size × n_samples_per_prompt = global_batch_size × num_steps_per_rollout."""
+    r, t = cfg.rollout, cfg.train
+    total = r.rollout_batch_size * r.n_samples_per_prompt
+    lhs = f"rollout.rollout_batch_size × rollout.n_samples_per_prompt = {r.rollout_batch_size} × {r.n_samples_per_prompt} = {total}"
+    gbs, steps = t.global_batch_size, t.num_steps_per_rollout
+    if gbs is None and steps is None:
+        steps = 1
+    if gbs is None:
+        if steps < 1 or total % steps:
+            problems.append(f"{lhs} is not divisible by train.num_steps_per_rollout={steps}; set train.num_steps_per_rollout to a divisor of {total}")
+            return
+        gbs = total // steps
+    elif steps is None:
+        if gbs < 1 or total % gbs:
+            problems.append(f"{lhs} is not divisible by train.global_batch_size={gbs}; set train.global_batch_size to a divisor of {total}")
+            return
+        steps = total // gbs
+    elif gbs * steps != total:
+        fix = f"set train.global_batch_size={total // steps}" if total % steps == 0 else ""
+        fix2 = f"train.num_steps_per_rollout={total // gbs}" if total % gbs == 0 else ""
+        fixes = " or ".join(x for x in (fix, fix2) if x) or "change the batch sizes"
+        problems.append(f"{lhs} must equal train.global_batch_size × train.num_steps_per_rollout = {gbs} × {steps}; {fixes}")
+        return
+    t.global_batch_size, t.num_steps_per_rollout = gbs, steps
+    notes.append(f"batch: {lhs} = train.global_batch_size × train.num_steps_per_rollout = {gbs} × {steps}")
+    if t.micro_batch_size < 1 or gbs % t.micro_batch_size:
+        problems.append(f"train.micro_batch_size={t.micro_batch_size} must divide train.global_batch_size={gbs}; set train.micro_batch_size to a divisor of {gbs}")
+
+
+def check_values(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        if value not in allowed:
+            problems.append(f"{key}={value!r} is not one of {list(allowed)}")
+    r, a, t = cfg.rollout, cfg.algorithm, cfg.train
+    if r.rollout_temperature <= 0:
+        problems.append(f"rollout.rollout_temperature={r.rollout_temperature} must be > 0; use rollout.rollout_top_k=1 for greedy decoding")
+    if not 0 < r.rollout_top_p <= 1:
+        problems.append(f"rollout.rollout_top_p={r.rollout_top_p} must be in (0, 1]")
+    if r.rollout_top_k != -1 and r.rollout_top_k < 1:
+        problems.append(f"rollout.rollout_top_k={r.rollout_top_k} must be -1 (off) or >= 1")
+    for key in ("rollout.rollout_max_response_len", "rollout.rollout_batch_size", "rollout.n_samples_per_prompt",
+                "rollout.generation_batch_size", "cluster.rollout_num_gpus_per_engine"):
+        if _get(cfg, key) < 1:
+            problems.append(f"{key}={_get(cfg, key)} must be >= 1")
+    if a.advantage_estimator == "grpo" and a.rewards_normalization and r.n_samples_per_prompt < 2:
+        problems.append(f"rollout.n_samples_per_prompt={r.n_samples_per_prompt}: GRPO's group baseline needs at least 2 samples per prompt "
+                        "(every advantage would be 0); set rollout.n_samples_per_prompt>=2")
+    if a.eps_clip <= 0 or (a.eps_clip_high is not None and a.eps_clip_high <= 0):
+        problems.append("algorithm.eps_clip and algorithm.eps_clip_high must be > 0")
+    if a.eps_clip_c is not None and a.eps_clip_c <= 1:
+        problems.append(f"algorithm.eps_clip_c={a.eps_clip_c} must be > 1 (dual-clip lower bound)")
+    if a.kl_loss_coef != 0 and not a.use_kl_loss:
+        problems.append(f"algorithm.kl_loss_coef={a.kl_loss_coef} has no effect without algorithm.use_kl_loss=true; set it or set algorithm.kl_loss_coef=0")
+    if t.lr <= 0:
+        problems.append(f"train.lr={t.lr} must be > 0")
+    if t.skip_zero_advantage_samples and (a.use_kl_loss or a.entropy_coef != 0):
+        t.skip_zero_advantage_samples = False
+        notes.append("train.skip_zero_advantage_samples turned off: the KL/entropy terms depend on every sample")
+    if cfg.train.backend == "torch":
+        p = cfg.parallelism
+        if (p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size, p.expert_model_parallel_size) != (1, 1, 1, 1):
+            problems.append("parallelism sizes other than 1 need the megatron backend; set parallelism=single or train.backend=megatron")
+
+
+def check_run(cfg: RunConfig, problems: list[str]) -> None:
+    if cfg.num_rollout is None or cfg.num_rollout < 1:
+        problems.append(f"num_rollout={cfg.num_rollout} must be set to the number of rollouts (>= 1), e.g. num_rollout=100")
+    for key in ("save_interval", "eval.eval_interval"):
+        v = _get(cfg, key)
+        if v is not None and v < 1:
+            problems.append(f"{key}={v} must be >= 1 or null")
+    if cfg.warmstart.steps < 0:
+        problems.append(f"warmstart.steps={cfg.warmstart.steps} must be >= 0")
+    if cfg.load is not None and not Path(cfg.load).exists():
+        problems.append(f"load={cfg.load}: no such checkpoint directory; point load at a directory written by save")
+
+
+def check_data(cfg: RunConfig, problems: list[str]) -> None:
+    def one(key: str, path: Optional[str]) -> None:
+        if not path:
+            problems.append(f"{key} is not set; set it to a jsonl file of {{\"{cfg.data.input_key}\": ..., \"{cfg.data.label_key}\": ...}} lines")
+        elif not Path(path).is_file():
+            problems.append(f"{key}={path}: file not found; set {key} to an existing jsonl file")
+        elif Path(path).stat().st_size == 0 or not any(line.strip() for line in open(path)):
+            problems.append(f"{key}={path}: the file is empty; it needs one JSON object per line")
+
+    one("data.prompt_data", cfg.data.prompt_data)
+    for name, path in cfg.eval.eval_prompt_data.items():
+        one(f"eval.eval_prompt_data.{name}", path)
+
+
+def check_target(key: str, node: Optional[dict], n_positional: int, problems: list[str]) -> None:
+    """A `_target_` plug-in must import, and its signature must take the call we will make."""
+    if not node:
+        return
+    target = node.get("_target_")
+    if not target:
+        problems.append(f"{key} needs a _target_ (a dotted path to a function)")
+        return
+    try:
+        from hydra.utils import get_method
+
+        fn = get_method(target)
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's to fix
+        problems.append(f"{key}._target_={target} does not import ({type(e).__name__}: {e}); fix the dotted path")
+        return
+    kwargs = {k: v for k, v in node.items() if k != "_target_"}
+    try:
+        inspect.signature(fn).bind(*([None] * n_positional), **kwargs)
+    except TypeError as e:
+        problems.append(f"{key}._target_={target}: signature {inspect.signature(fn)} does not fit a call with "
+                        f"{n_positional} positional argument(s) and {sorted(kwargs)} ({e})")
+
+
+def check(cfg: RunConfig) -> tuple[RunConfig, list[str], list[str]]:
+    cfg = dataclasses.replace(cfg)  # shallow: derivations below replace nested values in place
+    cfg.train = dataclasses.replace(cfg.train)
+    problems: list[str] = []
+    notes: list[str] = []
+    check_values(cfg, problems, notes)
+    check_batch(cfg, problems, notes)
+    check_run(cfg, problems)
+    check_data(cfg, problems)
+    check_target("reward.custom_rm", cfg.reward.custom_rm, 1, problems)
+    return cfg, problems, notes

@@ -1,0 +1,1 @@
+"""Prompt data: loading slime-format jsonl, generating the embedded tasks, serving groups."""

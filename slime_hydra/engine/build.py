@@ -1,0 +1,116 @@
+"""Instantiate the run's components from the typed config, at the seams, with typed values.
+
+Data is loaded before any model is built, so a bad data file fails in a second, not after a
+model load. Resuming restores every piece of state the loop reads.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from slime_hydra.config.schema import RunConfig
+from slime_hydra.data.dataset import Prompt, load_prompts
+from slime_hydra.data.source import PromptSource
+from slime_hydra.engine import checkpoint as ckpt
+from slime_hydra.engine.steps import eval_sampling, rollout_sampling
+from slime_hydra.models.build import build_model, build_tokenizer
+from slime_hydra.rewards.compute import build_reward_fn
+from slime_hydra.rollout.base import RolloutBackend
+from slime_hydra.tracking.base import Tracker, build_tracker
+from slime_hydra.training.base import TrainBackend
+from slime_hydra.types import Sample, SamplingParams
+
+
+@dataclass
+class Components:
+    tokenizer: object
+    train_prompts: list[Prompt]
+    eval_sets: dict[str, list[Prompt]]
+    source: PromptSource
+    trainer: TrainBackend
+    rollout: RolloutBackend
+    reward_fn: Callable[[Sample], float]
+    tracker: Tracker
+    sampling: SamplingParams
+    eval_sampling: SamplingParams
+    start_rollout: int = 0
+    history: list = field(default_factory=list)
+    resumed_from: Optional[Path] = None
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def load_data(cfg: RunConfig, tokenizer) -> tuple[list[Prompt], dict[str, list[Prompt]]]:
+    d = cfg.data
+    kw = dict(input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key,
+              apply_chat_template=d.apply_chat_template, max_prompt_len=d.rollout_max_prompt_len)
+    train = load_prompts(d.prompt_data, tokenizer, what="data.prompt_data", **kw)
+    evals = {name: load_prompts(path, tokenizer, what=f"eval.eval_prompt_data.{name}", **kw)
+             for name, path in cfg.eval.eval_prompt_data.items()}
+    return train, evals
+
+
+def build_trainer(cfg: RunConfig, model: torch.nn.Module, device: torch.device) -> TrainBackend:
+    from slime_hydra.training.torch_backend import TorchTrainBackend
+
+    total_steps = cfg.num_rollout * cfg.train.num_steps_per_rollout
+    return TorchTrainBackend(model, cfg.algorithm, cfg.train, cfg.rollout.rollout_temperature, total_steps, device)
+
+
+def build_rollout(cfg: RunConfig, model: torch.nn.Module, tokenizer) -> RolloutBackend:
+    from slime_hydra.rollout.local import LocalRollout
+
+    return LocalRollout(model, tokenizer, seed=cfg.seed, generation_batch_size=cfg.rollout.generation_batch_size)
+
+
+def build(cfg: RunConfig, output_dir: str) -> Components:
+    if cfg.cluster.num_threads:
+        torch.set_num_threads(cfg.cluster.num_threads)
+    seed_everything(cfg.seed)
+    tokenizer = build_tokenizer(cfg.model)
+    train_prompts, eval_sets = load_data(cfg, tokenizer)
+    device = pick_device(cfg.cluster.device)
+    resume = ckpt.resolve_checkpoint(cfg.load) if cfg.load else None
+    model_cfg = cfg.model if resume is None else type(cfg.model)(**{**cfg.model.__dict__, "hf_checkpoint": str(resume)})
+    model = build_model(model_cfg, tokenizer, cfg.seed).to(device)
+    trainer = build_trainer(cfg, model, device)
+    source = PromptSource(train_prompts, cfg.rollout.n_samples_per_prompt, cfg.rollout.rollout_shuffle, cfg.rollout.rollout_seed)
+    sampling = rollout_sampling(cfg.rollout, (tokenizer.eos_token_id,))
+    state = ckpt.load_state(resume) if resume else None
+    tracker = build_tracker(cfg.logger, cfg.experiment_name, output_dir, resume_run_id=(state or {}).get("tracker_run_id"))
+    comps = Components(tokenizer, train_prompts, eval_sets, source, trainer, build_rollout(cfg, trainer.model, tokenizer),
+                       build_reward_fn(cfg.reward.rm_type, cfg.reward.custom_rm), tracker, sampling,
+                       eval_sampling(cfg.eval, sampling), resumed_from=resume)
+    if state is not None:
+        restore(comps, state)
+    return comps
+
+
+def engine_state(c: Components, rollout_id: int) -> dict:
+    return {"rollout_id": rollout_id, "trainer": c.trainer.state_dict(), "rollout": c.rollout.state_dict(),
+            "source": c.source.state_dict(), "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+            "history": c.history, "tracker_run_id": c.tracker.run_id}
+
+
+def restore(c: Components, state: dict) -> None:
+    c.trainer.load_state_dict(state["trainer"])
+    c.rollout.load_state_dict(state["rollout"])
+    c.source.load_state_dict(state["source"])
+    torch.set_rng_state(state["torch_rng"])
+    random.setstate(state["python_rng"])
+    c.history = list(state["history"])
+    c.start_rollout = state["rollout_id"] + 1

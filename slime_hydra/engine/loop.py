@@ -1,0 +1,80 @@
+"""The engine loop: generate, reward, advantages, train, sync weights, log, eval, save.
+
+Everything else (what a backend is, how a loss aggregates, where metrics go) is decided by the
+components handed in; this file only orders the steps.
+"""
+
+from __future__ import annotations
+
+import time
+
+from slime_hydra.config.schema import RunConfig
+from slime_hydra.engine import checkpoint as ckpt
+from slime_hydra.engine.build import Components, engine_state
+from slime_hydra.engine.report import Progress
+from slime_hydra.engine.steps import advantages, evaluate, generate, rollout_metrics
+from slime_hydra.engine.warmstart import warm_start
+from slime_hydra.rewards.compute import score
+from slime_hydra.training.batch import collate
+
+
+def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[str, float]]]:
+    n, pad = cfg.rollout.n_samples_per_prompt, c.tokenizer.pad_token_id
+    if c.start_rollout == 0:
+        prepare(cfg, c)
+    bar = Progress(cfg.num_rollout, c.start_rollout, cfg.logger.progress_bar)
+    for rollout_id in range(c.start_rollout, cfg.num_rollout):
+        step, t0 = rollout_id + 1, time.perf_counter()
+        samples = generate(c.rollout, c.source, cfg.rollout.rollout_batch_size, c.sampling)  # generate
+        t1 = time.perf_counter()
+        score(samples, c.reward_fn)  # reward
+        adv = advantages(samples, cfg.algorithm, n)  # advantages
+        t2 = time.perf_counter()
+        metrics = c.trainer.train_rollout(collate(samples, adv, pad))  # train
+        t3 = time.perf_counter()
+        c.rollout.update_weights(c.trainer.named_weights(), version=step)  # sync weights
+        t4 = time.perf_counter()
+        metrics |= rollout_metrics(samples, n) | perf_metrics(samples, t0, t1, t2, t3, t4)
+        if due(step, cfg.eval.eval_interval, cfg.num_rollout) and c.eval_sets:  # eval
+            metrics |= evaluate(c.rollout, c.eval_sets, c.eval_sampling, cfg.eval.n_samples_per_eval_prompt, c.reward_fn)
+        c.tracker.log_metrics(metrics, step)  # log
+        c.history.append((step, metrics))
+        bar.update(metrics)
+        if due(step, cfg.save_interval, cfg.num_rollout):  # save
+            ckpt.save_checkpoint(save_dir, rollout_id, lambda p: c.trainer.save_hf(p, c.tokenizer), engine_state(c, rollout_id))
+    bar.close()
+    return c.history
+
+
+def prepare(cfg: RunConfig, c: Components) -> None:
+    """Before the first rollout: warm start, reference snapshot, weight sync, eval at step 0."""
+    if cfg.warmstart.steps:
+        t0 = time.perf_counter()
+        losses = warm_start(c.trainer, c.train_prompts, c.tokenizer, cfg.warmstart.steps, cfg.warmstart.batch_size,
+                            cfg.warmstart.lr, cfg.seed)
+        c.tracker.log_metrics({"warmstart/sft_loss": losses[-1], "perf/warmstart_time_s": time.perf_counter() - t0}, 0)
+    c.trainer.freeze_reference()
+    c.rollout.update_weights(c.trainer.named_weights(), version=0)
+    if c.eval_sets and not cfg.eval.skip_eval_before_train:
+        metrics = evaluate(c.rollout, c.eval_sets, c.eval_sampling, cfg.eval.n_samples_per_eval_prompt, c.reward_fn)
+        c.tracker.log_metrics(metrics, 0)
+        c.history.append((0, metrics))
+
+
+def due(step: int, interval: int | None, last: int) -> bool:
+    return step == last or (interval is not None and step % interval == 0)
+
+
+def perf_metrics(samples, t0: float, t1: float, t2: float, t3: float, t4: float) -> dict[str, float]:
+    response_tokens = sum(s.response_length for s in samples)
+    all_tokens = sum(len(s.tokens) for s in samples)
+    return {
+        "perf/rollout_time_s": t1 - t0,
+        "perf/reward_time_s": t2 - t1,
+        "perf/train_time_s": t3 - t2,
+        "perf/weight_sync_time_s": t4 - t3,
+        "perf/step_time_s": t4 - t0,
+        "perf/rollout_tokens_per_s": response_tokens / max(t1 - t0, 1e-9),
+        "perf/tokens_per_s": all_tokens / max(t4 - t0, 1e-9),
+    }
+

@@ -1,0 +1,70 @@
+"""One run from a validated config: build, track, loop, report, close.
+
+Owns what surrounds the loop (output directory, MLflow params/tags/artifacts, summary), so the
+loop itself stays one screen long.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from slime_hydra.config.schema import RunConfig
+
+
+def git_sha() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}." if not isinstance(v, dict) or v else f"{prefix}{k}"))
+            if isinstance(v, dict) and not v:
+                out[f"{prefix}{k}"] = "{}"
+    else:
+        out[prefix.rstrip(".")] = d
+    return out
+
+
+def run_session(cfg: RunConfig, output_dir: str, overrides: list[str]) -> dict[str, Any]:
+    """Runs and returns the summary (metric -> first/last/max)."""
+    from slime_hydra.engine import report
+    from slime_hydra.engine.build import build
+    from slime_hydra.engine.loop import run
+
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    composed = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    (out / "composed_config.yaml").write_text(OmegaConf.to_yaml(composed))
+    meta = {"experiment_name": cfg.experiment_name, "git_sha": git_sha(), "overrides": " ".join(overrides)}
+    (out / "run_info.json").write_text(json.dumps(meta, indent=2))
+
+    c = build(cfg, str(out))
+    if c.resumed_from is None:
+        c.tracker.log_params(flatten(composed))
+    c.tracker.set_tags({"experiment_name": cfg.experiment_name, "git_sha": meta["git_sha"], "overrides": meta["overrides"] or "(none)",
+                        "output_dir": str(out)})
+    status = "FAILED"
+    try:
+        history = run(cfg, c, cfg.save or str(out / "checkpoints"))
+        summary = report.summarize(history)
+        print("\n" + report.summary_table(summary), flush=True)
+        for path in (out / "composed_config.yaml", report.plot_curves(history, out / "reward_curve.png"),
+                     report.write_summary(summary, out / "summary.json")):
+            c.tracker.log_artifact(str(path))
+        status = "FINISHED"
+        return summary
+    finally:
+        c.tracker.close(status)
+        c.rollout.shutdown()

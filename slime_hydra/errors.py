@@ -1,0 +1,26 @@
+"""User-facing errors. The CLI prints them without a traceback and exits with code 2."""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input from the user: a config key, a data file, a path. The message names the fix."""
+
+    exit_code = 2
+
+
+class ConfigError(UserError):
+    """One or more config problems, reported together."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        n = len(self.problems)
+        head = f"{n} config error{'s' if n != 1 else ''}:"
+        return "\n".join([head] + [f"  - {p}" for p in self.problems])
+
+
+class DataError(UserError):
+    """A problem in a data file, with file:line."""

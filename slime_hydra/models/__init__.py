@@ -1,0 +1,1 @@
+"""Model and tokenizer construction (transformers classes; no hub access)."""

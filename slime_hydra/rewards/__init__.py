@@ -1,0 +1,1 @@
+"""Reward functions: rule-based verifiers and the custom `_target_` hook."""

@@ -1,0 +1,1 @@
+"""Rollout backends behind one Protocol: `local` (in-process) and `sglang` (servers behind a router)."""

@@ -1,0 +1,25 @@
+"""The rollout Protocol every backend implements."""
+
+from __future__ import annotations
+
+from typing import Iterable, Protocol
+
+import torch
+
+from slime_hydra.types import Sample, SamplingParams
+
+
+class RolloutBackend(Protocol):
+    weight_version: int
+
+    async def generate(self, samples: list[Sample], sampling: SamplingParams) -> list[Sample]:
+        """Fill tokens, response, response_length, rollout_log_probs, status, weight_version."""
+        ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def shutdown(self) -> None: ...

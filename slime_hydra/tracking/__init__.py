@@ -1,0 +1,1 @@
+"""Experiment trackers behind one Protocol: MLflow (default), TensorBoard, none."""

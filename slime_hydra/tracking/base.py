@@ -1,0 +1,54 @@
+"""The tracker Protocol, the null tracker and the factory."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from slime_hydra.config.schema import LoggerConfig
+
+
+class Tracker(Protocol):
+    run_id: str | None
+
+    def log_params(self, params: dict[str, object]) -> None: ...
+
+    def set_tags(self, tags: dict[str, str]) -> None: ...
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def log_artifact(self, path: str) -> None: ...
+
+    def close(self, status: str = "FINISHED") -> None: ...
+
+
+class NullTracker:
+    run_id = None
+
+    def log_params(self, params):
+        pass
+
+    def set_tags(self, tags):
+        pass
+
+    def log_metrics(self, metrics, step):
+        pass
+
+    def log_artifact(self, path):
+        pass
+
+    def close(self, status="FINISHED"):
+        pass
+
+
+def build_tracker(cfg: LoggerConfig, run_name: str, output_dir: str, resume_run_id: str | None = None) -> Tracker:
+    if cfg.tracker == "mlflow":
+        from slime_hydra.tracking.mlflow_tracker import MLflowTracker
+
+        return MLflowTracker(cfg.tracking_uri, cfg.mlflow_experiment, run_name, resume_run_id)
+    if cfg.tracker == "tensorboard":
+        import os
+
+        from slime_hydra.tracking.tensorboard_tracker import TensorBoardTracker
+
+        return TensorBoardTracker(os.path.join(output_dir, cfg.tensorboard_dir))
+    return NullTracker()

@@ -1,0 +1,42 @@
+"""MLflow tracking through `MlflowClient` (no global active-run state, so several runs can coexist)."""
+
+from __future__ import annotations
+
+import time
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+MAX_PARAM_LEN = 6000
+
+
+class MLflowTracker:
+    def __init__(self, tracking_uri: str, experiment: str, run_name: str, resume_run_id: str | None = None):
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+        if resume_run_id:
+            self.run_id = resume_run_id
+            self.client.update_run(resume_run_id, status="RUNNING")
+        else:
+            self.run_id = self.client.create_run(exp_id, run_name=run_name).info.run_id
+
+    def log_params(self, params: dict[str, object]) -> None:
+        items = [Param(k, str(v)[:MAX_PARAM_LEN]) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)[:MAX_PARAM_LEN]) for k, v in tags.items()])
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        ts = int(time.time() * 1000)
+        items = [Metric(k, float(v), ts, step) for k, v in metrics.items()]
+        for i in range(0, len(items), 500):
+            self.client.log_batch(self.run_id, metrics=items[i : i + 500])
+
+    def log_artifact(self, path: str) -> None:
+        self.client.log_artifact(self.run_id, path)
+
+    def close(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status=status)

@@ -1,0 +1,1 @@
+"""Training backends behind one Protocol: `torch` (HF model + AdamW) and `megatron`."""

@@ -1,0 +1,46 @@
+"""The training Protocol and the batch it consumes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Optional, Protocol
+
+import torch
+
+
+@dataclass
+class TrainBatch:
+    """Right-padded sequences; position t of every [N, T] tensor is the prediction of token t+1."""
+
+    input_ids: torch.Tensor  # [N, T+1]
+    attention_mask: torch.Tensor  # [N, T+1]
+    loss_mask: torch.Tensor  # [N, T] 1 on response tokens that train
+    advantages: torch.Tensor  # [N, T]
+    rollout_log_probs: Optional[torch.Tensor] = None  # [N, T]
+
+    @property
+    def num_samples(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, idx: torch.Tensor) -> "TrainBatch":
+        """Rows `idx`, trimmed to the longest sequence among them."""
+        t = int(self.attention_mask[idx].sum(-1).max().item()) if len(idx) else 1
+        rlp = None if self.rollout_log_probs is None else self.rollout_log_probs[idx, : t - 1]
+        return TrainBatch(self.input_ids[idx, :t], self.attention_mask[idx, :t], self.loss_mask[idx, : t - 1],
+                          self.advantages[idx, : t - 1], rlp)
+
+
+class TrainBackend(Protocol):
+    def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
+        """All optimizer steps for one rollout; returns train/* metrics."""
+        ...
+
+    def sft_step(self, batch: TrainBatch, lr: float) -> float: ...
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]: ...
+
+    def save_hf(self, path: str, tokenizer) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
