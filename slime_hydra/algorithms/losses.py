@@ -58,9 +58,8 @@ def ppo_clip_loss(
     loss = torch.maximum(loss_unclipped, loss_clipped)  # [N, T]
     clipped = (loss_clipped > loss_unclipped).float()
     if eps_clip_c is not None:
-        dual = torch.minimum(loss, -eps_clip_c * advantages)
-        clipped = torch.where((advantages < 0) & (dual < loss), torch.ones_like(clipped), clipped)
-        loss = torch.where(advantages < 0, dual, loss)
+        # clipfrac counts the eps_clip branch only, as slime does; the dual clip changes the loss alone
+        loss = torch.where(advantages < 0, torch.minimum(loss, -eps_clip_c * advantages), loss)
     return loss, clipped, ppo_kl
 
 

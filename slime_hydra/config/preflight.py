@@ -63,7 +63,11 @@ class Composer:
     def group_options(self, group: str) -> list[str]:
         from hydra.core.global_hydra import GlobalHydra
 
-        return sorted(GlobalHydra.instance().config_loader().get_group_options(group))
+        loader = GlobalHydra.instance().config_loader()
+        options = list(loader.get_group_options(group))
+        for sub in loader.list_groups(group):  # nested options such as experiment=grpo/<name>
+            options += [f"{sub}/{o}" for o in self.group_options(f"{group}/{sub}")]
+        return sorted(options)
 
     def groups(self) -> set[str]:
         from hydra.core.global_hydra import GlobalHydra
@@ -73,7 +77,7 @@ class Composer:
 
 
 def _nearest(word: str, candidates: Iterable[str], n: int = 3) -> str:
-    cands = list(candidates)
+    cands = [c for c in dict.fromkeys(candidates) if c != word and not word.startswith(c + ".")]
     close = difflib.get_close_matches(word, cands, n=n, cutoff=0.5)
     if not close:  # match on the last path component too: `rollout_batch_size` -> `rollout.rollout_batch_size`
         leaf = word.split(".")[-1]
@@ -137,17 +141,15 @@ def check_overrides(composer: Composer, overrides: list[str]) -> tuple[Optional[
             good.append(text)
         except Exception as e:  # noqa: BLE001
             problems.append(f"{text}: {_hydra_message(e)}")
-    if problems:
-        return None, problems
-    return composer.compose(group_ovr + good), []
+    return composer.compose(group_ovr + good), problems
 
 
 def _hydra_message(e: Exception) -> str:
-    msg = str(e).strip()
-    cause = e.__cause__ or e.__context__
-    if cause is not None and str(cause).strip() and str(cause).strip() not in msg:
-        msg = f"{msg} ({str(cause).strip()})"
-    return " ".join(msg.split())
+    """The innermost useful sentence of a Hydra/OmegaConf error, without its object dump."""
+    while (e.__cause__ or e.__context__) is not None:
+        e = e.__cause__ or e.__context__
+    msg = " ".join(str(e).split())
+    return msg.split(" full_key:")[0].split(" object_type=")[0]
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
@@ -193,8 +195,9 @@ def preflight(overrides: list[str], multirun: bool = False, config_name: str = "
         for job in jobs:
             cfg, probs = check_overrides(composer, job)
             if cfg is not None:
-                typed, probs, _ = validate_composed(cfg)
-                if typed is not None:
+                typed, more, _ = validate_composed(cfg)
+                probs = probs + more
+                if typed is not None and not probs:
                     configs.append(typed)
             prefix = f"[job {' '.join(job)}] " if multirun and len(jobs) > 1 else ""
             problems.extend(prefix + p for p in probs if prefix + p not in problems)
@@ -209,7 +212,8 @@ def compose_run(overrides: list[str], config_name: str = "config") -> RunConfig:
         cfg, problems = check_overrides(composer, overrides)
         if cfg is None:
             raise ConfigError(problems)
-        typed, problems, _ = validate_composed(cfg)
+        typed, more, _ = validate_composed(cfg)
+        problems += more
     if problems:
         raise ConfigError(problems)
     return typed

@@ -124,7 +124,7 @@ class TrainConfig:
     backend: str = "torch"  # torch | megatron
     global_batch_size: Optional[int] = None  # samples per optimizer step; derived when None
     num_steps_per_rollout: Optional[int] = None  # optimizer steps per rollout; derived when None
-    micro_batch_size: int = 64
+    micro_batch_size: int = 1  # slime's default; the embedded experiment uses one micro-batch per step
     lr: float = 1e-6
     min_lr: float = 0.0
     lr_decay_style: str = "constant"  # constant | linear | cosine

@@ -1,0 +1,228 @@
+"""Embedded slime_hydra GRPO default vs TRL's GRPOTrainer: wall time per step and held-out accuracy.
+
+Both contestants start from one SFT-warm-started checkpoint (slime_hydra's own warm start, saved
+with `save_pretrained`) and train for the same number of steps on the same tiny Qwen3, the same
+addition prompts (raw strings, no chat template), the same `math_reward`, 32 prompts x 8 samples
+per step, at most 6 new tokens (eos stops), temperature 1, lr 1e-4 constant, AdamW with the same
+betas/eps, grad clip 1, PPO clip 0.2, no KL, per-sequence token-mean loss, one optimizer step per
+rollout, all on CPU with 2 threads. Every TRL setting is derived from the composed slime_hydra
+config, so the two read one source of truth.
+
+Measured: the median wall seconds per step. For slime_hydra that is `perf/step_time_s`
+(generate + reward + train + weight sync); for TRL it is on_step_begin -> on_step_end of its
+Trainer (generate + reward + train + optimizer step). Final models are scored by the same code:
+slime_hydra's greedy `evaluate` over a `LocalRollout` of the trained model (200 held-out prompts).
+
+Left out: logging, checkpoint saving and eval time (outside both step timers); GPUs, vLLM/SGLang,
+multiple processes; repeated seeds (one run per contestant, so accuracy differences at small
+step counts are noise). The two are not bit-identical algorithms either: slime_hydra skips the
+backward pass for zero-advantage samples (which contribute no gradient), uses its own sampler and
+shuffling, and keeps a separate rollout copy of the weights; TRL samples with `model.generate`.
+
+Run: HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.bench_grpo_vs_trl --steps 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+NUM_THREADS = 2
+BASE_OVERRIDES = ["logger=none", "logger.progress_bar=false"]
+EVAL_SET = "addition"
+
+
+def compose(extra: list[str]):
+    from slime_hydra.config.preflight import compose_run
+
+    return compose_run(BASE_OVERRIDES + extra)
+
+
+def warm_started_checkpoint(path: Path) -> str:
+    """The default experiment's SFT warm start (slime_hydra's `prepare`), saved as an HF checkpoint."""
+    from slime_hydra.engine.build import build
+    from slime_hydra.engine.loop import prepare
+
+    cfg = compose(["eval=none"])
+    c = build(cfg, str(path / "warmstart_run"))
+    prepare(cfg, c)
+    c.trainer.save_hf(str(path / "ckpt"), c.tokenizer)
+    c.tracker.close("FINISHED")
+    return str(path / "ckpt")
+
+
+def heldout_accuracy(model: torch.nn.Module, ckpt: str) -> float:
+    """Greedy held-out accuracy through slime_hydra's own eval path (identical for every model)."""
+    from slime_hydra.engine.build import load_data
+    from slime_hydra.engine.steps import eval_sampling, evaluate, rollout_sampling
+    from slime_hydra.models.build import build_tokenizer
+    from slime_hydra.rewards.compute import build_reward_fn
+    from slime_hydra.rollout.local import LocalRollout
+
+    cfg = compose([f"model.hf_checkpoint={ckpt}"])
+    tok = build_tokenizer(cfg.model)
+    _, eval_sets = load_data(cfg, tok)
+    sampling = eval_sampling(cfg.eval, rollout_sampling(cfg.rollout, (tok.eos_token_id,)))
+    rollout = LocalRollout(model, tok, seed=cfg.seed, generation_batch_size=cfg.rollout.generation_batch_size)
+    reward_fn = build_reward_fn(cfg.reward.rm_type, cfg.reward.custom_rm)
+    metrics = evaluate(rollout, eval_sets, sampling, cfg.eval.n_samples_per_eval_prompt, reward_fn)
+    return metrics[f"eval/{EVAL_SET}/accuracy"]
+
+
+def load_checkpoint(ckpt: str):
+    from slime_hydra.models.build import build_model, build_tokenizer
+
+    cfg = compose([f"model.hf_checkpoint={ckpt}"])
+    tok = build_tokenizer(cfg.model)
+    return build_model(cfg.model, tok, cfg.seed), tok, cfg
+
+
+def run_slime_hydra(ckpt: str, steps: int, out_dir: Path) -> dict:
+    """build + run (not run_session: its summary drops the per-step values a median needs)."""
+    from slime_hydra.engine.build import build
+    from slime_hydra.engine.loop import run
+
+    # warmstart.steps=0 as well: the experiment sets warmstart.steps itself, which outranks `warmstart=none`
+    cfg = compose([f"model.hf_checkpoint={ckpt}", "warmstart=none", "warmstart.steps=0", f"num_rollout={steps}",
+                   "eval=none"])
+    assert cfg.warmstart.steps == 0, cfg.warmstart
+    c = build(cfg, str(out_dir))
+    try:
+        history = run(cfg, c, str(out_dir / "checkpoints"))
+    finally:
+        c.tracker.close("FINISHED")
+        c.rollout.shutdown()
+    per_step = [m for _, m in history if "perf/step_time_s" in m]
+    return {"step_times_s": [m["perf/step_time_s"] for m in per_step],
+            "train_reward_mean": [m["rollout/reward_mean"] for m in per_step], "model": c.trainer.model}
+
+
+class StepTimer:
+    """Wall seconds from on_step_begin to on_step_end of each optimizer step."""
+
+    def __init__(self):
+        from transformers import TrainerCallback
+
+        timer = self
+        self.times: list[float] = []
+
+        class _Callback(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kw):
+                timer._t0 = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kw):
+                timer.times.append(time.perf_counter() - timer._t0)
+
+        self.callback = _Callback()
+
+
+def trl_args(cfg, steps: int, out_dir: Path):
+    """GRPOConfig mirroring the composed slime_hydra config (one generation batch = one optimizer step)."""
+    from trl import GRPOConfig
+
+    r, a, t = cfg.rollout, cfg.algorithm, cfg.train
+    assert t.num_steps_per_rollout == 1 and t.lr_decay_style == "constant" and not a.entropy_coef
+    return GRPOConfig(
+        output_dir=str(out_dir), max_steps=steps, seed=cfg.seed,
+        per_device_train_batch_size=r.rollout_batch_size * r.n_samples_per_prompt,  # completions, not prompts
+        gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
+        num_generations=r.n_samples_per_prompt, max_completion_length=r.rollout_max_response_len,
+        temperature=r.rollout_temperature, top_p=r.rollout_top_p, top_k=max(r.rollout_top_k, 0),
+        learning_rate=t.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=t.weight_decay,
+        adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_epsilon=t.adam_eps, max_grad_norm=t.clip_grad,
+        beta=a.kl_loss_coef if a.use_kl_loss else 0.0, epsilon=a.eps_clip, epsilon_high=a.eps_clip_high,
+        loss_type={"sample_token_mean": "grpo", "token_mean": "dapo"}[a.loss_aggregation],
+        scale_rewards="group" if a.grpo_std_normalization else "none",
+        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
+        report_to=[], eval_strategy="no", save_strategy="no", logging_strategy="no", disable_tqdm=True,
+        log_level="error", dataloader_num_workers=0,
+    )
+
+
+def run_trl(ckpt: str, steps: int, out_dir: Path) -> dict:
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from slime_hydra.engine.build import load_data
+    from slime_hydra.rewards.verifiers import math_reward
+
+    model, tok, cfg = load_checkpoint(ckpt)
+    train, _ = load_data(cfg, tok)
+    dataset = Dataset.from_list([{"prompt": p.text, "label": p.label} for p in train])  # raw strings: no chat template
+    batch_rewards: list[float] = []
+
+    def addition_reward(completions, label, **_):
+        rewards = [math_reward(c, y) for c, y in zip(completions, label)]
+        batch_rewards.append(sum(rewards) / len(rewards))
+        return rewards
+
+    timer = StepTimer()
+    trainer = GRPOTrainer(model=model, reward_funcs=addition_reward, args=trl_args(cfg, steps, out_dir),
+                          train_dataset=dataset, processing_class=tok, callbacks=[timer.callback])
+    torch.set_num_threads(NUM_THREADS)
+    trainer.train()
+    return {"step_times_s": timer.times, "train_reward_mean": batch_rewards,
+            "model": trainer.accelerator.unwrap_model(trainer.model)}
+
+
+def finish(result: dict, ckpt: str) -> dict:
+    model = result.pop("model")
+    tail = result["train_reward_mean"][-10:]
+    return result | {"median_step_time_s": statistics.median(result["step_times_s"]),
+                     "train_reward_last10": sum(tail) / max(len(tail), 1),
+                     "heldout_accuracy": heldout_accuracy(model, ckpt)}
+
+
+def table(res: dict) -> str:
+    s, t = res["slime_hydra"], res["trl"]
+    rows = [("median step time (s)", "{:.3f}", "median_step_time_s"),
+            ("train reward, last 10 steps", "{:.3f}", "train_reward_last10"),
+            (f"held-out accuracy ({EVAL_SET})", "{:.3f}", "heldout_accuracy")]
+    lines = [f"{'':<30}{'slime_hydra':>14}{'TRL GRPOTrainer':>18}", "-" * 62]
+    lines += [f"{name:<30}{fmt.format(s[k]):>14}{fmt.format(t[k]):>18}" for name, fmt, k in rows]
+    lines.append(f"{'steps trained':<30}{len(s['step_times_s']):>14}{len(t['step_times_s']):>18}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=100, help="optimizer steps (= rollouts) per contestant")
+    ap.add_argument("--out", default="bench_out/grpo_vs_trl.json", help="where to write the results as JSON")
+    args = ap.parse_args()
+    torch.set_num_threads(NUM_THREADS)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    with tempfile.TemporaryDirectory(prefix="bench_grpo_") as tmp:
+        tmp = Path(tmp)
+        t0 = time.perf_counter()
+        ckpt = warm_started_checkpoint(tmp)
+        start_acc = heldout_accuracy(load_checkpoint(ckpt)[0], ckpt)
+        print(f"warm start done in {time.perf_counter() - t0:.1f}s; start accuracy {start_acc:.3f}", flush=True)
+        res = {"steps": args.steps, "start_accuracy": start_acc, "num_threads": NUM_THREADS}
+        for name, fn in (("slime_hydra", run_slime_hydra), ("trl", run_trl)):
+            t0 = time.perf_counter()
+            res[name] = finish(fn(ckpt, args.steps, tmp / name), ckpt)
+            print(f"{name}: {args.steps} steps in {time.perf_counter() - t0:.1f}s", flush=True)
+    res["speedup_vs_trl"] = res["trl"]["median_step_time_s"] / res["slime_hydra"]["median_step_time_s"]
+    print("\n" + table(res))
+    print(f"warm-start checkpoint held-out accuracy (both start here): {start_acc:.3f}")
+    print(f"speedup vs TRL: {res['speedup_vs_trl']:.2f}x")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

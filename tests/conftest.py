@@ -1,0 +1,33 @@
+"""Shared fixtures: an isolated working directory and environment for every test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run_cli(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`python -m slime_hydra ARGS` in `cwd`, as a user would run it."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "slime_hydra", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+# Small, fast variant of the embedded default for end-to-end tests.
+FAST = ["logger.progress_bar=false", "warmstart.steps=0", "rollout.rollout_batch_size=8", "rollout.n_samples_per_prompt=4",
+        "train.micro_batch_size=16", "eval.eval_interval=null"]
