@@ -96,13 +96,14 @@ def run_slime_hydra(ckpt: str, steps: int, out_dir: Path) -> dict:
                    "eval=none"])
     assert cfg.warmstart.steps == 0, cfg.warmstart
     c = build(cfg, str(out_dir))
+    cpu0 = time.process_time()
     try:
         history = run(cfg, c, str(out_dir / "checkpoints"))
     finally:
         c.tracker.close("FINISHED")
         c.rollout.shutdown()
     per_step = [m for _, m in history if "perf/step_time_s" in m]
-    return {"step_times_s": [m["perf/step_time_s"] for m in per_step],
+    return {"step_times_s": [m["perf/step_time_s"] for m in per_step], "train_cpu_s": time.process_time() - cpu0,
             "train_reward_mean": [m["rollout/reward_mean"] for m in per_step], "model": c.trainer.model}
 
 
@@ -150,6 +151,7 @@ def trl_args(cfg, steps: int, out_dir: Path):
 
 def run_trl(ckpt: str, steps: int, out_dir: Path) -> dict:
     from datasets import Dataset
+    from transformers.trainer_callback import PrinterCallback
     from trl import GRPOTrainer
 
     from slime_hydra.engine.build import load_data
@@ -168,9 +170,11 @@ def run_trl(ckpt: str, steps: int, out_dir: Path) -> dict:
     timer = StepTimer()
     trainer = GRPOTrainer(model=model, reward_funcs=addition_reward, args=trl_args(cfg, steps, out_dir),
                           train_dataset=dataset, processing_class=tok, callbacks=[timer.callback])
+    trainer.remove_callback(PrinterCallback)  # the end-of-training metrics dict
     torch.set_num_threads(NUM_THREADS)
+    cpu0 = time.process_time()
     trainer.train()
-    return {"step_times_s": timer.times, "train_reward_mean": batch_rewards,
+    return {"step_times_s": timer.times, "train_cpu_s": time.process_time() - cpu0, "train_reward_mean": batch_rewards,
             "model": trainer.accelerator.unwrap_model(trainer.model)}
 
 
@@ -178,6 +182,8 @@ def finish(result: dict, ckpt: str) -> dict:
     model = result.pop("model")
     tail = result["train_reward_mean"][-10:]
     return result | {"median_step_time_s": statistics.median(result["step_times_s"]),
+                     "cpu_s_per_step": result["train_cpu_s"] / len(result["step_times_s"]),
+                     "load_avg_1min_after": os.getloadavg()[0],
                      "train_reward_last10": sum(tail) / max(len(tail), 1),
                      "heldout_accuracy": heldout_accuracy(model, ckpt)}
 
@@ -185,6 +191,7 @@ def finish(result: dict, ckpt: str) -> dict:
 def table(res: dict) -> str:
     s, t = res["slime_hydra"], res["trl"]
     rows = [("median step time (s)", "{:.3f}", "median_step_time_s"),
+            ("mean process CPU s / step", "{:.3f}", "cpu_s_per_step"),
             ("train reward, last 10 steps", "{:.3f}", "train_reward_last10"),
             (f"held-out accuracy ({EVAL_SET})", "{:.3f}", "heldout_accuracy")]
     lines = [f"{'':<30}{'slime_hydra':>14}{'TRL GRPOTrainer':>18}", "-" * 62]
@@ -218,6 +225,10 @@ def main() -> None:
     print("\n" + table(res))
     print(f"warm-start checkpoint held-out accuracy (both start here): {start_acc:.3f}")
     print(f"speedup vs TRL: {res['speedup_vs_trl']:.2f}x")
+    load = max(res[n]["load_avg_1min_after"] for n in ("slime_hydra", "trl"))
+    if load > NUM_THREADS + 0.5:  # wall times count other processes' CPU use too
+        print(f"warning: 1-min load average reached {load:.1f} on {NUM_THREADS} threads; other processes shared the "
+              "CPU, so wall times are unreliable (CPU s/step is less affected)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
