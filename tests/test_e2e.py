@@ -20,7 +20,7 @@ def learned_run(tmp_path_factory):
     """A short version of the embedded default through the real CLI, tracked in a sqlite MLflow store."""
     work = tmp_path_factory.mktemp("e2e")
     db = f"sqlite:///{work}/mlflow.db"
-    args = ["logger.progress_bar=false", "warmstart.steps=200", "num_rollout=40", "eval.eval_interval=20",
+    args = ["logger.progress_bar=false", "num_rollout=40", "eval.eval_interval=20",
             f"logger.tracking_uri={db}", f"hydra.run.dir={work}/run", "save_interval=20"]
     proc = run_cli(args, work)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -87,12 +87,12 @@ def run_in_process(tmp: Path, name: str, extra: list[str]) -> list[tuple[int, di
 def test_resume_continues_the_same_metric_sequence(tmp_path):
     from slime_hydra.engine.checkpoint import load_state
 
-    _, full = run_in_process(tmp_path, "full", ["num_rollout=6"])
-    _, first = run_in_process(tmp_path, "first", ["num_rollout=3"])
-    _, resumed = run_in_process(tmp_path, "resumed", ["num_rollout=6", f"load={first}/checkpoints"])
+    # the uninterrupted run also leaves the checkpoint after rollout 3 that an interrupted one would have
+    _, full = run_in_process(tmp_path, "full", ["num_rollout=6", "save_interval=3"])
+    _, resumed = run_in_process(tmp_path, "resumed", ["num_rollout=6", f"load={full}/checkpoints/rollout_000002"])
     h_full = load_state(full / "checkpoints" / "rollout_000005")["history"]
     h_res = load_state(resumed / "checkpoints" / "rollout_000005")["history"]
-    assert [s for s, _ in h_res] == [1, 2, 3, 4, 5, 6]
+    assert [s for s, _ in h_res] == [0, 1, 2, 3, 4, 5, 6]  # eval before training is step 0
     for (s, a), (_, b) in zip(h_full, h_res):
         keys = [k for k in a if not k.startswith(PERF)]
         assert {k: a[k] for k in keys} == {k: b[k] for k in keys}, f"rollout {s} differs after resume"
