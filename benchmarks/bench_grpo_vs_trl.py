@@ -3,7 +3,8 @@
 Both contestants start from one SFT-warm-started checkpoint (slime_hydra's own warm start, saved
 with `save_pretrained`) and train for the same number of steps on the same tiny Qwen3, the same
 addition prompts (raw strings, no chat template), the same `math_reward`, 32 prompts x 8 samples
-per step, at most 6 new tokens (eos stops), temperature 1, lr 1e-4 constant, AdamW with the same
+per step, at most 6 new tokens (eos stops), temperature 1, the experiment's lr held constant (TRL has
+no cosine-to-min_lr schedule of the same shape), AdamW with the same
 betas/eps, grad clip 1, PPO clip 0.2, no KL, per-sequence token-mean loss, one optimizer step per
 rollout, all on CPU with 2 threads. Every TRL setting is derived from the composed slime_hydra
 config, so the two read one source of truth.
@@ -37,7 +38,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 NUM_THREADS = 2
-BASE_OVERRIDES = ["logger=none", "logger.progress_bar=false"]
+BASE_OVERRIDES = ["logger=none", "logger.progress_bar=false", "train.lr_decay_style=constant"]
 EVAL_SET = "addition"
 
 
@@ -62,19 +63,16 @@ def warm_started_checkpoint(path: Path) -> str:
 
 def heldout_accuracy(model: torch.nn.Module, ckpt: str) -> float:
     """Greedy held-out accuracy through slime_hydra's own eval path (identical for every model)."""
-    from slime_hydra.engine.build import load_data
-    from slime_hydra.engine.steps import eval_sampling, evaluate, rollout_sampling
+    from slime_hydra.engine.build import build_eval_sets
+    from slime_hydra.engine.steps import evaluate, rollout_sampling
     from slime_hydra.models.build import build_tokenizer
-    from slime_hydra.rewards.compute import build_reward_fn
     from slime_hydra.rollout.local import LocalRollout
 
     cfg = compose([f"model.hf_checkpoint={ckpt}"])
     tok = build_tokenizer(cfg.model)
-    _, eval_sets = load_data(cfg, tok)
-    sampling = eval_sampling(cfg.eval, rollout_sampling(cfg.rollout, (tok.eos_token_id,)))
+    eval_sets = build_eval_sets(cfg, tok, rollout_sampling(cfg.rollout, (tok.eos_token_id,)))
     rollout = LocalRollout(model, tok, seed=cfg.seed, generation_batch_size=cfg.rollout.generation_batch_size)
-    reward_fn = build_reward_fn(cfg.reward.rm_type, cfg.reward.custom_rm)
-    metrics = evaluate(rollout, eval_sets, sampling, cfg.eval.n_samples_per_eval_prompt, reward_fn)
+    metrics, _ = evaluate(rollout, eval_sets, step=0)
     return metrics[f"eval/{EVAL_SET}/accuracy"]
 
 
@@ -91,9 +89,7 @@ def run_slime_hydra(ckpt: str, steps: int, out_dir: Path) -> dict:
     from slime_hydra.engine.build import build
     from slime_hydra.engine.loop import run
 
-    # warmstart.steps=0 as well: the experiment sets warmstart.steps itself, which outranks `warmstart=none`
-    cfg = compose([f"model.hf_checkpoint={ckpt}", "warmstart=none", "warmstart.steps=0", f"num_rollout={steps}",
-                   "eval=none"])
+    cfg = compose([f"model.hf_checkpoint={ckpt}", "warmstart=none", f"num_rollout={steps}", "eval=none"])
     assert cfg.warmstart.steps == 0, cfg.warmstart
     c = build(cfg, str(out_dir))
     cpu0 = time.process_time()
@@ -158,7 +154,7 @@ def run_trl(ckpt: str, steps: int, out_dir: Path) -> dict:
     from slime_hydra.rewards.verifiers import math_reward
 
     model, tok, cfg = load_checkpoint(ckpt)
-    train, _ = load_data(cfg, tok)
+    train = load_data(cfg, tok)
     dataset = Dataset.from_list([{"prompt": p.text, "label": p.label} for p in train])  # raw strings: no chat template
     batch_rewards: list[float] = []
 

@@ -90,6 +90,8 @@ def _check_key(base: DictConfig, key: str, all_paths: list[str]) -> Optional[str
     parts = key.split(".")
     node: Any = base
     for i, part in enumerate(parts):
+        if isinstance(node, DictConfig) and node._is_none():  # an unset Optional[dict] field, e.g. reward.custom_rm
+            return None
         if not isinstance(node, DictConfig):
             return f"unknown key {key!r}: {'.'.join(parts[:i])} is not a config node{_nearest(key, all_paths)}"
         if part in node:
@@ -140,7 +142,10 @@ def check_overrides(composer: Composer, overrides: list[str]) -> tuple[Optional[
             composer.compose(group_ovr + [text])
             good.append(text)
         except Exception as e:  # noqa: BLE001
-            problems.append(f"{text}: {_hydra_message(e)}")
+            msg = _hydra_message(e)
+            if "is not in struct" in msg:
+                msg += f"; to fill a free-form dict use +{key}.<name>=<value> or ++{key}={{...}}"
+            problems.append(f"{text}: {msg}")
     return composer.compose(group_ovr + good), problems
 
 

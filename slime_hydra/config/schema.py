@@ -99,13 +99,14 @@ class DataConfig:
 
 
 @dataclass
-class EvalConfig:
-    # name -> jsonl path; each is evaluated and logged as eval/<name>/accuracy
-    eval_prompt_data: dict[str, str] = field(default_factory=dict)
-    eval_interval: Optional[int] = None  # rollouts between evals; None: only before and after training
-    skip_eval_before_train: bool = False
-    n_samples_per_eval_prompt: int = 1
-    # None falls back to the rollout value; eval_top_k=1 is greedy decoding
+class EvalDatasetConfig:
+    """One eval dataset; None fields fall back to the eval group's, then the data/rollout group's values."""
+
+    path: str = MISSING
+    input_key: Optional[str] = None
+    label_key: Optional[str] = None
+    rm_type: Optional[str] = None
+    n_samples_per_eval_prompt: Optional[int] = None
     eval_temperature: Optional[float] = None
     eval_top_p: Optional[float] = None
     eval_top_k: Optional[int] = None
@@ -113,10 +114,39 @@ class EvalConfig:
 
 
 @dataclass
+class EvalConfig:
+    # name -> jsonl path, or name -> {path, input_key, label_key, rm_type, n_samples_per_eval_prompt,
+    # eval_temperature, ...} (the fields of EvalDatasetConfig); each logs eval/<name>/accuracy
+    eval_prompt_data: dict[str, Any] = field(default_factory=dict)
+    eval_interval: Optional[int] = None  # rollouts between evals; None: only before and after training
+    skip_eval_before_train: bool = False
+    n_samples_per_eval_prompt: int = 1
+    eval_reward_key: Optional[str] = None  # None: reward.reward_key
+    # None falls back to the rollout value; eval_top_k=1 is greedy decoding
+    eval_temperature: Optional[float] = None
+    eval_top_p: Optional[float] = None
+    eval_top_k: Optional[int] = None
+    eval_max_response_len: Optional[int] = None
+    save_eval_samples: bool = True  # <output_dir>/eval/<name>/step_<k>.jsonl, logged as artifacts
+
+
+@dataclass
 class RewardConfig:
-    rm_type: str = "math"  # math | exact_match
-    # A custom reward function: {"_target_": "pkg.module.fn"}; fn(sample) -> float
-    custom_rm: Optional[dict[str, Any]] = None
+    # math | deepscaler | dapo | f1 | exact_match | boxed_<any of these> | remote_rm;
+    # a sample's metadata.rm_type overrides it for that sample
+    rm_type: str = "math"
+    reward_key: Optional[str] = None  # picks the scalar of a dict reward (dapo: "score")
+    # A custom reward: {"_target_": "pkg.module.fn", **kwargs}; fn(sample, **kwargs) -> float | dict,
+    # or with group_rm=true fn(samples, **kwargs) -> list; sync or async
+    custom_rm: dict[str, Any] = field(default_factory=dict)  # empty: none
+    group_rm: bool = False
+    rm_url: Optional[str] = None  # remote_rm: POST {prompt, response, label} -> float | dict
+    rm_concurrency: int = 64
+    rm_timeout_s: float = 30.0
+    rm_max_retries: int = 3
+    rm_retry_backoff_s: float = 0.5
+    rm_on_failure: str = "zero"  # zero: score rm_failure_score and count it | raise: stop the run
+    rm_failure_score: float = 0.0
 
 
 @dataclass

@@ -12,7 +12,7 @@ import inspect
 from pathlib import Path
 from typing import Any, Optional
 
-from slime_hydra.config.schema import RunConfig
+from slime_hydra.config.schema import EvalDatasetConfig, RunConfig
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "algorithm.advantage_estimator": ("grpo",),
@@ -24,7 +24,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.lr_decay_style": ("constant", "linear", "cosine"),
     "logger.tracker": ("mlflow", "tensorboard", "none"),
     "model.dtype": ("float32", "bfloat16", "float16"),
-    "reward.rm_type": ("math", "exact_match"),
+    "reward.rm_on_failure": ("zero", "raise"),
     "cluster.device": ("auto", "cpu", "cuda"),
 }
 
@@ -124,8 +124,32 @@ def check_data(cfg: RunConfig, problems: list[str]) -> None:
             problems.append(f"{key}={path}: the file is empty; it needs one JSON object per line")
 
     one("data.prompt_data", cfg.data.prompt_data)
-    for name, path in cfg.eval.eval_prompt_data.items():
-        one(f"eval.eval_prompt_data.{name}", path)
+    for name, ds in eval_datasets(cfg, problems).items():
+        one(f"eval.eval_prompt_data.{name}" + ("" if isinstance(cfg.eval.eval_prompt_data[name], str) else ".path"), ds.path)
+
+
+def eval_datasets(cfg: RunConfig, problems: Optional[list[str]] = None) -> dict[str, EvalDatasetConfig]:
+    """eval.eval_prompt_data -> one fully resolved EvalDatasetConfig per name (fallbacks filled in)."""
+    e, r = cfg.eval, cfg.rollout
+    fields = {f.name for f in dataclasses.fields(EvalDatasetConfig)}
+    out = {}
+    for name, spec in e.eval_prompt_data.items():
+        spec = {"path": spec} if isinstance(spec, str) else dict(spec or {})
+        unknown = sorted(set(spec) - fields)
+        if unknown and problems is not None:
+            problems.append(f"eval.eval_prompt_data.{name}: unknown key(s) {unknown}; valid keys: {sorted(fields)}")
+        spec = {k: v for k, v in spec.items() if k in fields}
+        ds = EvalDatasetConfig(**{"path": None, **spec})
+        pick = lambda v, *fallbacks: next((x for x in (v, *fallbacks) if x is not None), None)  # noqa: E731
+        out[name] = EvalDatasetConfig(
+            path=ds.path, input_key=pick(ds.input_key, cfg.data.input_key), label_key=pick(ds.label_key, cfg.data.label_key),
+            rm_type=pick(ds.rm_type, cfg.reward.rm_type),
+            n_samples_per_eval_prompt=pick(ds.n_samples_per_eval_prompt, e.n_samples_per_eval_prompt),
+            eval_temperature=pick(ds.eval_temperature, e.eval_temperature, r.rollout_temperature),
+            eval_top_p=pick(ds.eval_top_p, e.eval_top_p, r.rollout_top_p),
+            eval_top_k=pick(ds.eval_top_k, e.eval_top_k, r.rollout_top_k),
+            eval_max_response_len=pick(ds.eval_max_response_len, e.eval_max_response_len, r.rollout_max_response_len))
+    return out
 
 
 def check_target(key: str, node: Optional[dict], n_positional: int, problems: list[str]) -> None:
@@ -161,4 +185,25 @@ def check(cfg: RunConfig) -> tuple[RunConfig, list[str], list[str]]:
     check_run(cfg, problems)
     check_data(cfg, problems)
     check_target("reward.custom_rm", cfg.reward.custom_rm, 1, problems)
+    check_reward(cfg, problems)
     return cfg, problems, notes
+
+
+def check_reward(cfg: RunConfig, problems: list[str]) -> None:
+    from slime_hydra.rewards.verifiers import known_rm_types
+
+    rm = cfg.reward
+    types = {"reward.rm_type": rm.rm_type}
+    types |= {f"eval.eval_prompt_data.{n}.rm_type": d.rm_type for n, d in eval_datasets(cfg).items()}
+    for key, value in types.items():
+        if value not in known_rm_types():
+            problems.append(f"{key}={value!r} is not one of {known_rm_types()}")
+        if value == "remote_rm" and not rm.rm_url:
+            problems.append(f"{key}=remote_rm needs reward.rm_url=http://host:port/path")
+    if rm.rm_type == "dapo" and rm.reward_key is None and not rm.custom_rm:
+        problems.append("reward.rm_type=dapo returns a dict reward; set reward.reward_key=score")
+    for key in ("rm_concurrency", "rm_max_retries"):
+        if getattr(rm, key) < (1 if key == "rm_concurrency" else 0):
+            problems.append(f"reward.{key}={getattr(rm, key)} must be >= {1 if key == 'rm_concurrency' else 0}")
+    if rm.rm_timeout_s <= 0:
+        problems.append(f"reward.rm_timeout_s={rm.rm_timeout_s} must be > 0")

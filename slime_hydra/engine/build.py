@@ -6,10 +6,11 @@ model load. Resuming restores every piece of state the loop reads.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -17,27 +18,28 @@ from slime_hydra.config.schema import RunConfig
 from slime_hydra.data.dataset import Prompt, load_prompts
 from slime_hydra.data.source import PromptSource
 from slime_hydra.engine import checkpoint as ckpt
-from slime_hydra.engine.steps import eval_sampling, rollout_sampling
+from slime_hydra.config.validate import eval_datasets
+from slime_hydra.engine.steps import EvalSet, eval_sampling, rollout_sampling
 from slime_hydra.models.build import build_model, build_tokenizer
-from slime_hydra.rewards.compute import build_reward_fn
+from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.rollout.base import RolloutBackend
 from slime_hydra.tracking.base import Tracker, build_tracker
 from slime_hydra.training.base import TrainBackend
-from slime_hydra.types import Sample, SamplingParams
+from slime_hydra.types import SamplingParams
 
 
 @dataclass
 class Components:
     tokenizer: object
     train_prompts: list[Prompt]
-    eval_sets: dict[str, list[Prompt]]
+    eval_sets: dict[str, EvalSet]
     source: PromptSource
     trainer: TrainBackend
     rollout: RolloutBackend
-    reward_fn: Callable[[Sample], float]
+    scorer: RewardScorer
     tracker: Tracker
     sampling: SamplingParams
-    eval_sampling: SamplingParams
+    output_dir: str = "."
     start_rollout: int = 0
     history: list = field(default_factory=list)
     resumed_from: Optional[Path] = None
@@ -54,14 +56,22 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def load_data(cfg: RunConfig, tokenizer) -> tuple[list[Prompt], dict[str, list[Prompt]]]:
+def load_data(cfg: RunConfig, tokenizer) -> list[Prompt]:
     d = cfg.data
-    kw = dict(input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key,
-              apply_chat_template=d.apply_chat_template, max_prompt_len=d.rollout_max_prompt_len)
-    train = load_prompts(d.prompt_data, tokenizer, what="data.prompt_data", **kw)
-    evals = {name: load_prompts(path, tokenizer, what=f"eval.eval_prompt_data.{name}", **kw)
-             for name, path in cfg.eval.eval_prompt_data.items()}
-    return train, evals
+    return load_prompts(d.prompt_data, tokenizer, input_key=d.input_key, label_key=d.label_key,
+                        metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template,
+                        max_prompt_len=d.rollout_max_prompt_len, what="data.prompt_data")
+
+
+def build_eval_sets(cfg: RunConfig, tokenizer, sampling: SamplingParams) -> dict[str, EvalSet]:
+    d, sets = cfg.data, {}
+    for name, ds in eval_datasets(cfg).items():
+        prompts = load_prompts(ds.path, tokenizer, input_key=ds.input_key, label_key=ds.label_key,
+                               metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template,
+                               max_prompt_len=d.rollout_max_prompt_len, what=f"eval.eval_prompt_data.{name}")
+        scorer = RewardScorer(dataclasses.replace(cfg.reward, rm_type=ds.rm_type), cfg.eval.eval_reward_key)
+        sets[name] = EvalSet(prompts, eval_sampling(ds, sampling), ds.n_samples_per_eval_prompt, scorer)
+    return sets
 
 
 def build_trainer(cfg: RunConfig, model: torch.nn.Module, device: torch.device) -> TrainBackend:
@@ -82,19 +92,18 @@ def build(cfg: RunConfig, output_dir: str) -> Components:
         torch.set_num_threads(cfg.cluster.num_threads)
     seed_everything(cfg.seed)
     tokenizer = build_tokenizer(cfg.model)
-    train_prompts, eval_sets = load_data(cfg, tokenizer)
+    sampling = rollout_sampling(cfg.rollout, (tokenizer.eos_token_id,))
+    train_prompts, eval_sets = load_data(cfg, tokenizer), build_eval_sets(cfg, tokenizer, sampling)
     device = pick_device(cfg.cluster.device)
     resume = ckpt.resolve_checkpoint(cfg.load) if cfg.load else None
     model_cfg = cfg.model if resume is None else type(cfg.model)(**{**cfg.model.__dict__, "hf_checkpoint": str(resume)})
     model = build_model(model_cfg, tokenizer, cfg.seed).to(device)
     trainer = build_trainer(cfg, model, device)
     source = PromptSource(train_prompts, cfg.rollout.n_samples_per_prompt, cfg.rollout.rollout_shuffle, cfg.rollout.rollout_seed)
-    sampling = rollout_sampling(cfg.rollout, (tokenizer.eos_token_id,))
     state = ckpt.load_state(resume) if resume else None
     tracker = build_tracker(cfg.logger, cfg.experiment_name, output_dir, resume_run_id=(state or {}).get("tracker_run_id"))
     comps = Components(tokenizer, train_prompts, eval_sets, source, trainer, build_rollout(cfg, trainer.model, tokenizer),
-                       build_reward_fn(cfg.reward.rm_type, cfg.reward.custom_rm), tracker, sampling,
-                       eval_sampling(cfg.eval, sampling), resumed_from=resume)
+                       RewardScorer(cfg.reward), tracker, sampling, output_dir=output_dir, resumed_from=resume)
     if state is not None:
         restore(comps, state)
     return comps

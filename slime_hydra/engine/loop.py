@@ -7,6 +7,7 @@ components handed in; this file only orders the steps.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.engine import checkpoint as ckpt
@@ -14,7 +15,6 @@ from slime_hydra.engine.build import Components, engine_state
 from slime_hydra.engine.report import Progress
 from slime_hydra.engine.steps import advantages, evaluate, generate, rollout_metrics
 from slime_hydra.engine.warmstart import warm_start
-from slime_hydra.rewards.compute import score
 from slime_hydra.training.batch import collate
 
 
@@ -27,16 +27,16 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
         step, t0 = rollout_id + 1, time.perf_counter()
         samples = generate(c.rollout, c.source, cfg.rollout.rollout_batch_size, c.sampling)  # generate
         t1 = time.perf_counter()
-        score(samples, c.reward_fn)  # reward
+        c.scorer.score(samples)  # reward
         adv = advantages(samples, cfg.algorithm, n)  # advantages
         t2 = time.perf_counter()
         metrics = c.trainer.train_rollout(collate(samples, adv, pad))  # train
         t3 = time.perf_counter()
         c.rollout.update_weights(c.trainer.named_weights(), version=step)  # sync weights
         t4 = time.perf_counter()
-        metrics |= rollout_metrics(samples, n) | perf_metrics(samples, t0, t1, t2, t3, t4)
+        metrics |= rollout_metrics(samples, n) | perf_metrics(samples, t0, t1, t2, t3, t4) | c.scorer.metrics()
         if due(step, cfg.eval.eval_interval, cfg.num_rollout) and c.eval_sets:  # eval
-            metrics |= evaluate(c.rollout, c.eval_sets, c.eval_sampling, cfg.eval.n_samples_per_eval_prompt, c.reward_fn)
+            metrics |= run_eval(cfg, c, step)
         c.tracker.log_metrics(metrics, step)  # log
         c.history.append((step, metrics))
         bar.update(metrics)
@@ -56,9 +56,17 @@ def prepare(cfg: RunConfig, c: Components) -> None:
     c.trainer.freeze_reference()
     c.rollout.update_weights(c.trainer.named_weights(), version=0)
     if c.eval_sets and not cfg.eval.skip_eval_before_train:
-        metrics = evaluate(c.rollout, c.eval_sets, c.eval_sampling, cfg.eval.n_samples_per_eval_prompt, c.reward_fn)
+        metrics = run_eval(cfg, c, 0)
         c.tracker.log_metrics(metrics, 0)
         c.history.append((0, metrics))
+
+
+def run_eval(cfg: RunConfig, c: Components, step: int) -> dict[str, float]:
+    sample_dir = Path(c.output_dir) / "eval" if cfg.eval.save_eval_samples else None
+    metrics, files = evaluate(c.rollout, c.eval_sets, step, sample_dir)
+    for f in files:
+        c.tracker.log_artifact(str(f), f"eval/{f.parent.name}")
+    return metrics
 
 
 def due(step: int, interval: int | None, last: int) -> bool:
@@ -70,7 +78,6 @@ def perf_metrics(samples, t0: float, t1: float, t2: float, t3: float, t4: float)
     all_tokens = sum(len(s.tokens) for s in samples)
     return {
         "perf/rollout_time_s": t1 - t0,
-        "perf/reward_time_s": t2 - t1,
         "perf/train_time_s": t3 - t2,
         "perf/weight_sync_time_s": t4 - t3,
         "perf/step_time_s": t4 - t0,

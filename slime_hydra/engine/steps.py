@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import time
-from typing import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
 
 import torch
 
 from slime_hydra.algorithms.advantages import group_normalize
-from slime_hydra.config.schema import AlgorithmConfig, EvalConfig, RolloutConfig
+from slime_hydra.config.schema import AlgorithmConfig, EvalDatasetConfig, RolloutConfig
 from slime_hydra.data.dataset import Prompt
 from slime_hydra.data.source import PromptSource
-from slime_hydra.rewards.compute import score
+from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.rollout.base import RolloutBackend
 from slime_hydra.types import Sample, SamplingParams, Status
 
@@ -22,10 +26,9 @@ def rollout_sampling(r: RolloutConfig, stop_token_ids: tuple[int, ...]) -> Sampl
                           tuple(r.rollout_stop_token_ids) + stop_token_ids, tuple(r.rollout_stop))
 
 
-def eval_sampling(e: EvalConfig, rollout: SamplingParams) -> SamplingParams:
-    pick = lambda v, d: d if v is None else v  # noqa: E731
-    return SamplingParams(pick(e.eval_temperature, rollout.temperature), pick(e.eval_top_p, rollout.top_p),
-                          pick(e.eval_top_k, rollout.top_k), pick(e.eval_max_response_len, rollout.max_new_tokens),
+def eval_sampling(ds: EvalDatasetConfig, rollout: SamplingParams) -> SamplingParams:
+    """A resolved eval dataset's sampling (its fallbacks were filled in by validation)."""
+    return SamplingParams(ds.eval_temperature, ds.eval_top_p, ds.eval_top_k, ds.eval_max_response_len,
                           rollout.stop_token_ids, rollout.stop)
 
 
@@ -55,17 +58,52 @@ def rollout_metrics(samples: list[Sample], group_size: int) -> dict[str, float]:
     }
 
 
-def evaluate(rollout: RolloutBackend, eval_sets: dict[str, list[Prompt]], sampling: SamplingParams,
-             n_samples: int, reward_fn: Callable[[Sample], float]) -> dict[str, float]:
+@dataclass
+class EvalSet:
+    prompts: list[Prompt]
+    sampling: SamplingParams
+    n_samples: int
+    scorer: RewardScorer
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
+    return 1.0 if n - c < k else 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def eval_ks(n: int) -> list[int]:
+    return sorted({k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= n} | {n})
+
+
+def evaluate(rollout: RolloutBackend, eval_sets: dict[str, EvalSet], step: int,
+             sample_dir: Optional[Path] = None) -> tuple[dict[str, float], list[Path]]:
+    """Metrics per dataset (accuracy = mean reward, pass@k, response length) and the sample files written."""
     metrics: dict[str, float] = {}
-    for name, prompts in eval_sets.items():
+    files: list[Path] = []
+    for name, es in eval_sets.items():
         t0 = time.perf_counter()
-        samples = [Sample(prompt=p.prompt, label=p.label, group_index=i, index=i * n_samples + j,
+        n = es.n_samples
+        samples = [Sample(prompt=p.prompt, label=p.label, group_index=i, index=i * n + j,
                           prompt_tokens=list(p.tokens), metadata=dict(p.metadata))
-                   for i, p in enumerate(prompts) for j in range(n_samples)]
-        asyncio.run(rollout.generate(samples, sampling))
-        score(samples, reward_fn)
+                   for i, p in enumerate(es.prompts) for j in range(n)]
+        asyncio.run(rollout.generate(samples, es.sampling))
+        es.scorer.score(samples)
+        correct = [sum(s.reward > 0 for s in samples[i * n:(i + 1) * n]) for i in range(len(es.prompts))]
         metrics[f"eval/{name}/accuracy"] = sum(s.reward for s in samples) / len(samples)
+        for k in eval_ks(n):
+            metrics[f"eval/{name}/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
         metrics[f"eval/{name}/response_len_mean"] = sum(s.response_length for s in samples) / len(samples)
         metrics[f"perf/eval_{name}_time_s"] = time.perf_counter() - t0
-    return metrics
+        if sample_dir is not None:
+            files.append(write_samples(samples, sample_dir / name / f"step_{step:06d}.jsonl"))
+    return metrics, files
+
+
+def write_samples(samples: list[Sample], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for s in samples:
+            f.write(json.dumps({"group_index": s.group_index, "index": s.index, "prompt": s.prompt, "response": s.response,
+                                "label": s.label, "reward": s.reward, "response_length": s.response_length,
+                                "status": s.status.value, "weight_version": s.weight_version}) + "\n")
+    return path

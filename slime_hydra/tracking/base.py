@@ -16,7 +16,7 @@ class Tracker(Protocol):
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
 
-    def log_artifact(self, path: str) -> None: ...
+    def log_artifact(self, path: str, artifact_path: str | None = None) -> None: ...
 
     def close(self, status: str = "FINISHED") -> None: ...
 
@@ -33,7 +33,7 @@ class NullTracker:
     def log_metrics(self, metrics, step):
         pass
 
-    def log_artifact(self, path):
+    def log_artifact(self, path, artifact_path=None):
         pass
 
     def close(self, status="FINISHED"):

@@ -10,6 +10,11 @@ from mlflow.tracking import MlflowClient
 MAX_PARAM_LEN = 6000
 
 
+def mlflow_key(name: str) -> str:
+    """MLflow rejects '@' in names: `eval/x/pass@4` is stored as `eval/x/pass_at_4`."""
+    return name.replace("@", "_at_")
+
+
 class MLflowTracker:
     def __init__(self, tracking_uri: str, experiment: str, run_name: str, resume_run_id: str | None = None):
         self.client = MlflowClient(tracking_uri=tracking_uri)
@@ -31,12 +36,12 @@ class MLflowTracker:
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         ts = int(time.time() * 1000)
-        items = [Metric(k, float(v), ts, step) for k, v in metrics.items()]
+        items = [Metric(mlflow_key(k), float(v), ts, step) for k, v in metrics.items()]
         for i in range(0, len(items), 500):
             self.client.log_batch(self.run_id, metrics=items[i : i + 500])
 
-    def log_artifact(self, path: str) -> None:
-        self.client.log_artifact(self.run_id, path)
+    def log_artifact(self, path: str, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, path, artifact_path)
 
     def close(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)

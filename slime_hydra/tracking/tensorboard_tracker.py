@@ -21,7 +21,7 @@ class TensorBoardTracker:
         for k, v in metrics.items():
             self.writer.add_scalar(k, v, step)
 
-    def log_artifact(self, path):
+    def log_artifact(self, path, artifact_path=None):
         pass
 
     def close(self, status="FINISHED"):
