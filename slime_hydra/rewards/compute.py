@@ -12,6 +12,7 @@ import time
 from typing import Any, Optional
 
 from slime_hydra.config.schema import RewardConfig
+from slime_hydra.errors import UserError
 from slime_hydra.rewards.remote import RemoteRewardModel
 from slime_hydra.rewards.verifiers import verifier
 from slime_hydra.types import Sample
@@ -69,9 +70,12 @@ class RewardScorer:
         out: list = [None] * len(samples)
         remote_idx = [i for i, s in enumerate(samples) if self._rm_type(s) == "remote_rm"]
         for i, s in enumerate(samples):
-            if i not in set(remote_idx):
+            if self._rm_type(s) != "remote_rm":
                 out[i] = verifier(self._rm_type(s))(s.response, s.label)
         if remote_idx:
+            if self.remote is None:
+                raise UserError(f"sample {samples[remote_idx[0]].index} asks for rm_type=remote_rm in its metadata; "
+                                "set reward.rm_url")
             scored = await self.remote.score_all([samples[i] for i in remote_idx])
             for i, r in zip(remote_idx, scored):
                 out[i] = r
