@@ -14,6 +14,7 @@ from typing import Callable, Optional, Union
 
 Reward = Union[float, dict]
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+_PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def last_boxed(text: str) -> Optional[str]:
@@ -48,8 +49,11 @@ def _normalize(s: str) -> str:
 
 def equivalent(pred: str, label: str) -> bool:
     """Mathematical equivalence via math-verify, falling back to normalised string equality."""
-    if _normalize(pred) == _normalize(label):
+    a, b = _normalize(pred), _normalize(label)
+    if a == b:
         return True
+    if _PLAIN_NUMBER.fullmatch(a) and _PLAIN_NUMBER.fullmatch(b):  # the common case, without a sympy parse
+        return abs(float(a) - float(b)) < 1e-9
     try:
         from math_verify import parse, verify
 
