@@ -52,13 +52,19 @@ def task(cfg) -> float | None:
         typed, problems, notes = validate_composed(cfg)
         if problems:
             raise ConfigError(problems)
+        from hydra.types import RunMode
+
+        from slime_hydra.orchestration.sweep import absolute_tracking_uri, parent_run_id
+
         hc = HydraConfig.get()
         output_dir = typed.output_dir or hc.runtime.output_dir
+        typed.logger.tracking_uri = absolute_tracking_uri(typed.logger.tracking_uri, hc.runtime.cwd)
+        parent = parent_run_id(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
         for note in notes:
             print(note, flush=True)
         from slime_hydra.engine.session import run_session
 
-        summary = run_session(typed, output_dir, list(hc.overrides.task))
+        summary = run_session(typed, output_dir, list(hc.overrides.task), parent)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)

@@ -40,11 +40,12 @@ class NullTracker:
         pass
 
 
-def build_tracker(cfg: LoggerConfig, run_name: str, output_dir: str, resume_run_id: str | None = None) -> Tracker:
+def build_tracker(cfg: LoggerConfig, run_name: str, output_dir: str, resume_run_id: str | None = None,
+                  parent_run_id: str | None = None) -> Tracker:
     if cfg.tracker == "mlflow":
         from slime_hydra.tracking.mlflow_tracker import MLflowTracker
 
-        return MLflowTracker(cfg.tracking_uri, cfg.mlflow_experiment, run_name, resume_run_id)
+        return MLflowTracker(cfg.tracking_uri, cfg.mlflow_experiment, run_name, resume_run_id, parent_run_id)
     if cfg.tracker == "tensorboard":
         import os
 

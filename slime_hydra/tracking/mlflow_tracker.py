@@ -16,7 +16,8 @@ def mlflow_key(name: str) -> str:
 
 
 class MLflowTracker:
-    def __init__(self, tracking_uri: str, experiment: str, run_name: str, resume_run_id: str | None = None):
+    def __init__(self, tracking_uri: str, experiment: str, run_name: str, resume_run_id: str | None = None,
+                 parent_run_id: str | None = None):
         self.client = MlflowClient(tracking_uri=tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
         exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
@@ -24,7 +25,8 @@ class MLflowTracker:
             self.run_id = resume_run_id
             self.client.update_run(resume_run_id, status="RUNNING")
         else:
-            self.run_id = self.client.create_run(exp_id, run_name=run_name).info.run_id
+            tags = {"mlflow.parentRunId": parent_run_id} if parent_run_id else None
+            self.run_id = self.client.create_run(exp_id, run_name=run_name, tags=tags).info.run_id
 
     def log_params(self, params: dict[str, object]) -> None:
         items = [Param(k, str(v)[:MAX_PARAM_LEN]) for k, v in params.items()]
