@@ -40,6 +40,7 @@ import torch  # noqa: E402
 NUM_THREADS = 2
 BASE_OVERRIDES = ["logger=none", "logger.progress_bar=false", "train.lr_decay_style=constant"]
 EVAL_SET = "addition"
+TRL_LOSS_TYPES = {"sample_token_mean": "grpo", "token_mean": "dapo", "seq_mean_token_sum_norm": "dr_grpo"}
 
 
 def compose(extra: list[str]):
@@ -137,7 +138,7 @@ def trl_args(cfg, steps: int, out_dir: Path):
         learning_rate=t.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=t.weight_decay,
         adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_epsilon=t.adam_eps, max_grad_norm=t.clip_grad,
         beta=a.kl_loss_coef if a.use_kl_loss else 0.0, epsilon=a.eps_clip, epsilon_high=a.eps_clip_high,
-        loss_type={"sample_token_mean": "grpo", "token_mean": "dapo"}[a.loss_aggregation],
+        loss_type=TRL_LOSS_TYPES[a.loss_aggregation],  # KeyError: no TRL equivalent for that aggregation
         scale_rewards="group" if a.grpo_std_normalization else "none",
         use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
         report_to=[], eval_strategy="no", save_strategy="no", logging_strategy="no", disable_tqdm=True,

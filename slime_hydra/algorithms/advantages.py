@@ -1,14 +1,24 @@
-"""Reward post-processing and advantage estimators (slime semantics).
+"""Reward post-processing, advantage estimators and whitening (slime semantics).
 
-GRPO-family estimators give one scalar per sample, broadcast to every response token by the loss.
-Deliberately left out here: PPO/GAE and REINFORCE++ (the algorithms issue adds them as new
-functions, not as flags on these).
+GRPO-family estimators (grpo, gspo, cispo) give one scalar per sample, broadcast to every response
+token; REINFORCE++ variants give per-token values (`reinforce.py`). `compute_advantages` is the one
+entry point the engine calls: [N] rewards -> [N, T] advantages on the trainer's loss mask.
+Deliberately left out here: ppo (GAE needs a critic the trainer does not have; see `critic.py`).
 """
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import torch
 from torch import Tensor
+
+from slime_hydra.algorithms.reinforce import reinforce_plus_plus_advantages, reinforce_plus_plus_baseline_advantages
+
+ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+
+# fn(rewards [N], mask [N, T], kl [N, T] | None, group_size, **kwargs) -> advantages [N, T]
+CustomAdvantage = Callable[[Tensor, Tensor, Optional[Tensor], int], Tensor]
 
 
 def group_normalize(
@@ -29,3 +39,59 @@ def broadcast_to_tokens(sample_values: Tensor, mask: Tensor) -> Tensor:
 
 def grpo_advantages(rewards: Tensor, mask: Tensor, group_size: int, std_normalize: bool) -> Tensor:
     return broadcast_to_tokens(group_normalize(rewards, group_size, True, std_normalize), mask)
+
+
+def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """(v - mean) / sqrt(var + eps) with mean and var over every masked token of the batch.
+
+    As slime's distributed_masked_whiten: var = E[v^2] - mean^2 times n / (n - 1) (Bessel) when
+    n >= 2; shift_mean=False adds the mean back. Zero off the mask.
+    """
+    n = mask.sum()
+    if n.item() == 0:
+        raise ValueError("masked_whiten: the mask has no valid token")
+    mean = (values * mask).sum() / n
+    var = (values.pow(2) * mask).sum() / n - mean.pow(2)
+    if n.item() >= 2:
+        var = var * n / (n - 1)
+    out = (values - mean) * torch.rsqrt(var + eps)  # [N, T]
+    if not shift_mean:
+        out = out + mean
+    return out * mask
+
+
+def compute_advantages(
+    estimator: str,
+    rewards: Tensor,
+    mask: Tensor,
+    kl: Optional[Tensor],
+    group_size: int,
+    *,
+    rewards_normalization: bool = True,
+    grpo_std_normalization: bool = True,
+    kl_coef: float = 0.0,
+    gamma: float = 1.0,
+    normalize_advantages: bool = False,
+    custom: Optional[CustomAdvantage] = None,
+) -> Tensor:
+    """[N] scalar rewards -> [N, T] per-token advantages (slime's compute_advantages_and_returns).
+
+    grpo / gspo / cispo: group-normalised reward on every response token (std only when
+      rewards_normalization, as slime's reward post-processing); the shaped KL is not applied.
+    reinforce_plus_plus: discounted returns of r_t = -kl_coef*kl_t (+ R at the last token).
+    reinforce_plus_plus_baseline: (R - mean_group) - kl_coef*kl_t.
+    custom (algorithm.custom_advantage): custom(rewards, mask, kl, group_size) replaces the estimator.
+    normalize_advantages then whitens over every masked token of the batch.
+    """
+    if custom is not None:
+        adv = custom(rewards, mask, kl, group_size).to(mask.dtype) * mask
+    elif estimator in ("grpo", "gspo", "cispo"):
+        std = rewards_normalization and grpo_std_normalization
+        adv = broadcast_to_tokens(group_normalize(rewards.to(mask.dtype), group_size, rewards_normalization, std), mask)
+    elif estimator == "reinforce_plus_plus":
+        adv = reinforce_plus_plus_advantages(rewards, mask, kl, kl_coef, gamma)
+    elif estimator == "reinforce_plus_plus_baseline":
+        adv = reinforce_plus_plus_baseline_advantages(rewards, mask, kl, kl_coef, group_size, rewards_normalization)
+    else:
+        raise ValueError(f"unknown advantage_estimator {estimator!r}; one of {list(ADVANTAGE_ESTIMATORS)}")
+    return masked_whiten(adv, mask) if normalize_advantages else adv  # [N, T]

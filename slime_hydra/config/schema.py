@@ -41,23 +41,44 @@ class ModelConfig:
 
 @dataclass
 class AlgorithmConfig:
-    """Advantage estimator and policy loss (slime semantics)."""
+    """Advantage estimator and policy loss (slime semantics; docs/algorithms.md has the formulas)."""
 
     name: str = "grpo"
+    # grpo | gspo | cispo | reinforce_plus_plus | reinforce_plus_plus_baseline
+    # (ppo needs a critic, which the torch backend does not have yet)
     advantage_estimator: str = "grpo"
     loss_type: str = "policy_loss"  # policy_loss | sft_loss
     eps_clip: float = 0.2
     eps_clip_high: Optional[float] = None  # DAPO clip-higher; None means eps_clip
     eps_clip_c: Optional[float] = None  # dual clip lower bound (> 1) for negative advantages
+    value_clip: float = 0.2  # PPO value-loss clip (read by algorithms.critic.value_loss)
     rewards_normalization: bool = True  # subtract the group mean
     grpo_std_normalization: bool = True  # divide by group std + 1e-6 (Dr.GRPO turns this off)
+    normalize_advantages: bool = False  # whiten over every response token of the rollout (required by reinforce++)
+    kl_coef: float = 0.0  # KL(pi_old || ref) as reward shaping, before advantages (reinforce++ variants)
+    gamma: float = 1.0  # discount of reinforce++ returns (and GAE)
+    lambd: float = 1.0  # GAE lambda (read by algorithms.critic.gae_advantages)
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.0
     kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 | low_var_kl
+    use_unbiased_kl: bool = False  # KL loss times pi_theta / pi_old (DeepSeek-V3.2)
     entropy_coef: float = 0.0
     # sample_token_mean: mean over samples of each sample's token mean (slime's default)
     # token_mean: mean over every response token of the batch (slime's calculate_per_token_loss)
+    # seq_mean_token_sum: mean over samples of each sample's token sum
+    # seq_mean_token_sum_norm: same, each sum divided by rollout.rollout_max_response_len (Dr.GRPO)
     loss_aggregation: str = "sample_token_mean"
+    use_rollout_logprobs: bool = False  # old log-probs are the rollout engine's, not recomputed
+    use_tis: bool = False  # truncated importance sampling: loss *= clamp(exp(old - rollout), tis_clip_low, tis_clip)
+    tis_clip: float = 2.0
+    tis_clip_low: float = 0.0
+    # {"_target_": "pkg.mod.fn", **kwargs}: fn(rewards [N], mask [N, T], kl [N, T] | None, group_size,
+    # **kwargs) -> advantages [N, T]; replaces advantage_estimator's advantages (whitening still applies)
+    custom_advantage: dict[str, Any] = field(default_factory=dict)  # empty: none
+    # {"_target_": "pkg.mod.fn", **kwargs}: fn(log_probs [n, T], old_log_probs [n, T], advantages [n, T],
+    # mask [n, T], **kwargs) -> per-token loss [n, T]; replaces the policy surrogate (TIS, entropy, KL loss
+    # and loss_aggregation still apply)
+    custom_loss: dict[str, Any] = field(default_factory=dict)  # empty: none
 
 
 @dataclass

@@ -15,10 +15,11 @@ from typing import Any, Optional
 from slime_hydra.config.schema import EvalDatasetConfig, RunConfig
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "algorithm.advantage_estimator": ("grpo",),
+    # ppo is left out until a trainer has a critic (algorithms/critic.py has its math)
+    "algorithm.advantage_estimator": ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"),
     "algorithm.loss_type": ("policy_loss", "sft_loss"),
     "algorithm.kl_loss_type": ("k1", "k2", "k3", "low_var_kl"),
-    "algorithm.loss_aggregation": ("sample_token_mean", "token_mean"),
+    "algorithm.loss_aggregation": ("sample_token_mean", "token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"),
     "rollout.backend": ("local",),
     "train.backend": ("torch",),
     "train.lr_decay_style": ("constant", "linear", "cosine"),
@@ -81,9 +82,9 @@ def check_values(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
                 "rollout.generation_batch_size", "cluster.rollout_num_gpus_per_engine"):
         if _get(cfg, key) < 1:
             problems.append(f"{key}={_get(cfg, key)} must be >= 1")
-    if a.advantage_estimator == "grpo" and a.rewards_normalization and r.n_samples_per_prompt < 2:
-        problems.append(f"rollout.n_samples_per_prompt={r.n_samples_per_prompt}: GRPO's group baseline needs at least 2 samples per prompt "
-                        "(every advantage would be 0); set rollout.n_samples_per_prompt>=2")
+    if a.advantage_estimator in GROUP_BASELINE and a.rewards_normalization and r.n_samples_per_prompt < 2:
+        problems.append(f"rollout.n_samples_per_prompt={r.n_samples_per_prompt}: {a.advantage_estimator}'s group baseline needs at least "
+                        "2 samples per prompt (every advantage would be 0); set rollout.n_samples_per_prompt>=2")
     if a.eps_clip <= 0 or (a.eps_clip_high is not None and a.eps_clip_high <= 0):
         problems.append("algorithm.eps_clip and algorithm.eps_clip_high must be > 0")
     if a.eps_clip_c is not None and a.eps_clip_c <= 1:
@@ -92,13 +93,52 @@ def check_values(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
         problems.append(f"algorithm.kl_loss_coef={a.kl_loss_coef} has no effect without algorithm.use_kl_loss=true; set it or set algorithm.kl_loss_coef=0")
     if t.lr <= 0:
         problems.append(f"train.lr={t.lr} must be > 0")
-    if t.skip_zero_advantage_samples and (a.use_kl_loss or a.entropy_coef != 0):
+    if t.skip_zero_advantage_samples and (a.use_kl_loss or a.entropy_coef != 0 or a.custom_loss):
         t.skip_zero_advantage_samples = False
-        notes.append("train.skip_zero_advantage_samples turned off: the KL/entropy terms depend on every sample")
+        notes.append("train.skip_zero_advantage_samples turned off: the KL/entropy/custom loss terms depend on every sample")
+    check_algorithm(cfg, problems, notes)
     if cfg.train.backend == "torch":
         p = cfg.parallelism
         if (p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size, p.expert_model_parallel_size) != (1, 1, 1, 1):
             problems.append("parallelism sizes other than 1 need the megatron backend; set parallelism=single or train.backend=megatron")
+
+
+GROUP_BASELINE = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")  # estimators that centre rewards per prompt
+
+
+def check_algorithm(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
+    """slime's algorithm assertions (slime_validate_args), each naming the key and the fix."""
+    a = cfg.algorithm
+    if a.kl_coef != 0 and a.kl_loss_coef != 0:
+        problems.append(f"algorithm.kl_coef={a.kl_coef} (KL as reward shaping) and algorithm.kl_loss_coef={a.kl_loss_coef} (KL as a loss "
+                        "term) are both non-zero; slime allows only one: set algorithm.kl_coef=0 or algorithm.kl_loss_coef=0")
+    if a.kl_coef != 0 and a.advantage_estimator in ("grpo", "gspo", "cispo"):
+        problems.append(f"algorithm.kl_coef={a.kl_coef} has no effect with algorithm.advantage_estimator={a.advantage_estimator} (its "
+                        "advantages ignore the shaped KL, as in slime); use algorithm.use_kl_loss=true with algorithm.kl_loss_coef, "
+                        "or algorithm.kl_coef=0")
+    if a.advantage_estimator.startswith("reinforce_plus_plus") and not a.normalize_advantages:
+        problems.append(f"algorithm.advantage_estimator={a.advantage_estimator} needs algorithm.normalize_advantages=true (slime asserts "
+                        f"it); set algorithm.normalize_advantages=true or use algorithm={a.advantage_estimator}")
+    if a.use_tis and a.use_rollout_logprobs:
+        problems.append("algorithm.use_tis=true and algorithm.use_rollout_logprobs=true are exclusive (TIS reweights recomputed old "
+                        "log-probs towards the rollout's); set algorithm.use_rollout_logprobs=false or algorithm.use_tis=false")
+    if a.tis_clip <= a.tis_clip_low:
+        problems.append(f"algorithm.tis_clip={a.tis_clip} must be > algorithm.tis_clip_low={a.tis_clip_low}; "
+                        f"set algorithm.tis_clip above {a.tis_clip_low} (slime's default is 2.0)")
+    if a.use_unbiased_kl and not a.use_kl_loss:
+        problems.append("algorithm.use_unbiased_kl=true has no effect without algorithm.use_kl_loss=true; set it or set "
+                        "algorithm.use_unbiased_kl=false")
+    for key, lo, hi in (("gamma", 0.0, 1.0), ("lambd", 0.0, 1.0)):
+        if not lo <= getattr(a, key) <= hi:
+            problems.append(f"algorithm.{key}={getattr(a, key)} must be in [{lo}, {hi}]")
+    if a.value_clip <= 0:
+        problems.append(f"algorithm.value_clip={a.value_clip} must be > 0")
+    if a.advantage_estimator == "cispo" and a.eps_clip < 1.0:
+        notes.append(f"algorithm.advantage_estimator=cispo with algorithm.eps_clip={a.eps_clip} keeps the lower clip bound "
+                     f"{1.0 - a.eps_clip:g} active; canonical CISPO is single-sided: algorithm=cispo sets eps_clip=1.0 and "
+                     "eps_clip_high=4.0")
+    check_target("algorithm.custom_advantage", a.custom_advantage, 4, problems)
+    check_target("algorithm.custom_loss", a.custom_loss, 4, problems)
 
 
 def check_run(cfg: RunConfig, problems: list[str]) -> None:

@@ -78,7 +78,8 @@ def build_trainer(cfg: RunConfig, model: torch.nn.Module, device: torch.device) 
     from slime_hydra.training.torch_backend import TorchTrainBackend
 
     total_steps = cfg.num_rollout * cfg.train.num_steps_per_rollout
-    return TorchTrainBackend(model, cfg.algorithm, cfg.train, cfg.rollout.rollout_temperature, total_steps, device)
+    return TorchTrainBackend(model, cfg.algorithm, cfg.train, cfg.rollout.rollout_temperature, total_steps, device,
+                             max_response_len=cfg.rollout.rollout_max_response_len)
 
 
 def build_rollout(cfg: RunConfig, model: torch.nn.Module, tokenizer) -> RolloutBackend:
@@ -87,7 +88,7 @@ def build_rollout(cfg: RunConfig, model: torch.nn.Module, tokenizer) -> RolloutB
     return LocalRollout(model, tokenizer, seed=cfg.seed, generation_batch_size=cfg.rollout.generation_batch_size)
 
 
-def build(cfg: RunConfig, output_dir: str) -> Components:
+def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) -> Components:
     if cfg.cluster.num_threads:
         torch.set_num_threads(cfg.cluster.num_threads)
     seed_everything(cfg.seed)
@@ -101,7 +102,8 @@ def build(cfg: RunConfig, output_dir: str) -> Components:
     trainer = build_trainer(cfg, model, device)
     source = PromptSource(train_prompts, cfg.rollout.n_samples_per_prompt, cfg.rollout.rollout_shuffle, cfg.rollout.rollout_seed)
     state = ckpt.load_state(resume) if resume else None
-    tracker = build_tracker(cfg.logger, cfg.experiment_name, output_dir, resume_run_id=(state or {}).get("tracker_run_id"))
+    tracker = build_tracker(cfg.logger, cfg.experiment_name, output_dir, resume_run_id=(state or {}).get("tracker_run_id"),
+                            parent_run_id=parent_run_id)
     comps = Components(tokenizer, train_prompts, eval_sets, source, trainer, build_rollout(cfg, trainer.model, tokenizer),
                        RewardScorer(cfg.reward), tracker, sampling, output_dir=output_dir, resumed_from=resume)
     if state is not None:

@@ -15,7 +15,6 @@ from slime_hydra.engine.build import Components, engine_state
 from slime_hydra.engine.report import Progress
 from slime_hydra.engine.steps import advantages, evaluate, generate, rollout_metrics
 from slime_hydra.engine.warmstart import warm_start
-from slime_hydra.training.batch import collate
 
 
 def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[str, float]]]:
@@ -28,9 +27,9 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
         samples = generate(c.rollout, c.source, cfg.rollout.rollout_batch_size, c.sampling)  # generate
         t1 = time.perf_counter()
         c.scorer.score(samples)  # reward
-        adv = advantages(samples, cfg.algorithm, n)  # advantages
+        batch = advantages(samples, cfg.algorithm, n, pad, c.trainer)  # advantages
         t2 = time.perf_counter()
-        metrics = c.trainer.train_rollout(collate(samples, adv, pad))  # train
+        metrics = c.trainer.train_rollout(batch)  # train
         t3 = time.perf_counter()
         c.rollout.update_weights(c.trainer.named_weights(), version=step)  # sync weights
         t4 = time.perf_counter()

@@ -37,7 +37,7 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def run_session(cfg: RunConfig, output_dir: str, overrides: list[str]) -> dict[str, Any]:
+def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_run_id: str | None = None) -> dict[str, Any]:
     """Runs and returns the summary (metric -> first/last/max)."""
     from slime_hydra.engine import report
     from slime_hydra.engine.build import build
@@ -50,7 +50,7 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str]) -> dict[s
     meta = {"experiment_name": cfg.experiment_name, "git_sha": git_sha(), "overrides": " ".join(overrides)}
     (out / "run_info.json").write_text(json.dumps(meta, indent=2))
 
-    c = build(cfg, str(out))
+    c = build(cfg, str(out), parent_run_id)
     if c.resumed_from is None:
         c.tracker.log_params(flatten(composed))
     c.tracker.set_tags({"experiment_name": cfg.experiment_name, "git_sha": meta["git_sha"], "overrides": meta["overrides"] or "(none)",

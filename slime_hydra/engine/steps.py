@@ -12,12 +12,15 @@ from typing import Optional
 
 import torch
 
-from slime_hydra.algorithms.advantages import group_normalize
+from slime_hydra.algorithms.advantages import compute_advantages
+from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import AlgorithmConfig, EvalDatasetConfig, RolloutConfig
 from slime_hydra.data.dataset import Prompt
 from slime_hydra.data.source import PromptSource
 from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.rollout.base import RolloutBackend
+from slime_hydra.training.base import TrainBackend, TrainBatch
+from slime_hydra.training.batch import collate
 from slime_hydra.types import Sample, SamplingParams, Status
 
 
@@ -38,10 +41,18 @@ def generate(rollout: RolloutBackend, source: PromptSource, num_groups: int, sam
     return asyncio.run(rollout.generate(samples, sampling))
 
 
-def advantages(samples: list[Sample], algo: AlgorithmConfig, group_size: int) -> torch.Tensor:
-    """[N] per-sample advantages for the GRPO family."""
+def advantages(samples: list[Sample], algo: AlgorithmConfig, group_size: int, pad_id: int, trainer: TrainBackend) -> TrainBatch:
+    """Collate, then [N, T] per-token advantages on the batch's loss mask (REINFORCE++ needs it); the
+    reward-shaping KL comes from the trainer (policy vs reference) only when algorithm.kl_coef != 0."""
+    batch = collate(samples, torch.zeros(len(samples)), pad_id)
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-    return group_normalize(rewards, group_size, algo.rewards_normalization, algo.grpo_std_normalization)
+    kl = trainer.reward_kl(batch) if algo.kl_coef else None
+    batch.advantages = compute_advantages(
+        algo.advantage_estimator, rewards, batch.loss_mask, kl, group_size,
+        rewards_normalization=algo.rewards_normalization, grpo_std_normalization=algo.grpo_std_normalization,
+        kl_coef=algo.kl_coef, gamma=algo.gamma, normalize_advantages=algo.normalize_advantages,
+        custom=load_target(algo.custom_advantage))
+    return batch
 
 
 def rollout_metrics(samples: list[Sample], group_size: int) -> dict[str, float]:

@@ -3,8 +3,11 @@
 One rollout of `global_batch_size × num_steps_per_rollout` samples gives `num_steps_per_rollout`
 optimizer steps; each step's samples are split into micro-batches whose losses sum exactly to the
 step's loss (the aggregation denominator is the whole step's). Old log-probs are recomputed with
-the weights from before the rollout's first step; on that first step they *are* the current
-forward pass (detached), so no extra pass is spent on them.
+the weights from before the rollout's first step for the samples of later steps; on the first step
+they *are* the current forward pass (detached), so its ppo_kl is exactly 0 and no extra pass is
+spent on them. With algorithm.use_rollout_logprobs the rollout engine's log-probs are the old ones.
+The surrogate follows algorithm.advantage_estimator (PPO-clip, GSPO, CISPO) or algorithm.custom_loss;
+no critic: ppo is not supported here.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Iterator, Optional
 import torch
 
 from slime_hydra.algorithms import losses as L
+from slime_hydra.algorithms import surrogates as S
+from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.training.base import TrainBatch
 from slime_hydra.training.schedule import lr_multiplier
@@ -23,12 +28,17 @@ from slime_hydra.training.schedule import lr_multiplier
 
 class TorchTrainBackend:
     def __init__(self, model: torch.nn.Module, algorithm: AlgorithmConfig, train: TrainConfig,
-                 temperature: float, total_steps: int, device: torch.device):
+                 temperature: float, total_steps: int, device: torch.device, max_response_len: Optional[int] = None):
         self.model = model.to(device).train()
         self.device = device
         self.algo = algorithm
         self.cfg = train
         self.temperature = temperature
+        self.max_response_len = max_response_len  # the constant normalizer of seq_mean_token_sum_norm
+        if algorithm.loss_aggregation == "seq_mean_token_sum_norm" and not max_response_len:
+            raise ValueError("algorithm.loss_aggregation=seq_mean_token_sum_norm needs TorchTrainBackend(max_response_len="
+                             "rollout.rollout_max_response_len)")
+        self.custom_loss = load_target(algorithm.custom_loss)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=train.lr, betas=(train.adam_beta1, train.adam_beta2),
                                            eps=train.adam_eps, weight_decay=train.weight_decay)
@@ -39,7 +49,7 @@ class TorchTrainBackend:
 
     def freeze_reference(self) -> None:
         """Snapshot the current weights as the KL reference (after any warm start)."""
-        if self.algo.use_kl_loss:
+        if self.algo.use_kl_loss or self.algo.kl_coef != 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
 
     # -- forward -----------------------------------------------------------------------------
@@ -58,58 +68,114 @@ class TorchTrainBackend:
             out[start : start + mb.num_samples, : lp.shape[1]] = lp.float().cpu()
         return out
 
+    @torch.no_grad()
+    def reward_kl(self, batch: TrainBatch) -> torch.Tensor:
+        """[N, T] KL(pi_old || ref) on the loss mask, for algorithm.kl_coef's reward shaping (slime: from the
+        recomputed log-probs, or the rollout's with use_rollout_logprobs; estimator algorithm.kl_loss_type)."""
+        if self.ref_model is None:
+            raise RuntimeError("reward_kl needs the reference model: call freeze_reference() first (algorithm.kl_coef != 0)")
+        old = batch.rollout_log_probs if self.algo.use_rollout_logprobs else self.compute_log_probs(batch)
+        ref = self.compute_log_probs(batch, self.ref_model)
+        return L.kl_estimate(old, ref, self.algo.kl_loss_type) * batch.loss_mask  # [N, T]
+
     # -- RL ----------------------------------------------------------------------------------
     def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
-        gbs = batch.num_samples // self.cfg.num_steps_per_rollout
-        old_all = self.compute_log_probs(batch) if self.cfg.num_steps_per_rollout > 1 else None
+        steps = self.cfg.num_steps_per_rollout
+        gbs = batch.num_samples // steps
+        old_later = self._old_log_probs_after_first_step(batch, gbs)
         sums: dict[str, float] = defaultdict(float)
-        for step in range(self.cfg.num_steps_per_rollout):
+        for step in range(steps):
             idx = torch.arange(step * gbs, (step + 1) * gbs)
-            step_metrics = self._train_step(batch, idx, old_all)
+            # the first step's old log-probs are its own forward pass, detached: ppo_kl is exactly 0
+            step_metrics = self._train_step(batch, idx, old_later if step > 0 else None)
             for k, v in step_metrics.items():
-                sums[k] += v / self.cfg.num_steps_per_rollout
+                sums[k] += v / steps
         return dict(sums)
+
+    def _old_log_probs_after_first_step(self, batch: TrainBatch, gbs: int) -> Optional[torch.Tensor]:
+        """[N, T] pre-update log-probs for the samples of steps 2.. (None when one step or rollout log-probs)."""
+        if self.cfg.num_steps_per_rollout == 1 or self.algo.use_rollout_logprobs:
+            return None
+        later = self.compute_log_probs(batch.select(torch.arange(gbs, batch.num_samples)))
+        out = torch.zeros_like(batch.loss_mask)
+        out[gbs:, : later.shape[1]] = later
+        return out
 
     def _train_step(self, batch: TrainBatch, idx: torch.Tensor, old_all: Optional[torch.Tensor]) -> dict[str, float]:
         mode = self.algo.loss_aggregation
-        denom = L.step_denominator([batch.loss_mask[idx]], mode)
+        denom = L.step_denominator([batch.loss_mask[idx]], mode, self.max_response_len)
         keep = idx
         if self.cfg.skip_zero_advantage_samples:
             keep = idx[(batch.advantages[idx] != 0).any(-1)]
         self._zero_grads()
         m: dict[str, float] = defaultdict(float)
-        fwd_denom = max(1.0, L.step_denominator([batch.loss_mask[keep]], mode))
+        metric_mode = L.metric_aggregation(mode)
+        metric_denom = max(1.0, L.step_denominator([batch.loss_mask[keep]], metric_mode))
         for start in range(0, len(keep), self.cfg.micro_batch_size):
             mb_idx = keep[start : start + self.cfg.micro_batch_size]
-            mb = batch.select(mb_idx)
-            mask, adv = mb.loss_mask.to(self.device), mb.advantages.to(self.device)
-            logits = self._logits(self.model, mb)
-            logp = L.log_probs_from_logits(logits, mb.input_ids[:, 1:].to(self.device), self.temperature)  # [n, T]
-            old = logp.detach() if old_all is None else old_all[mb_idx, : logp.shape[1]].to(self.device)
-            pg_tok, clipped, ppo_kl = L.ppo_clip_loss(logp, old, adv, self.algo.eps_clip, self.algo.eps_clip_high, self.algo.eps_clip_c)
-            pg_loss = L.aggregate(pg_tok, mask, mode, denom)
-            loss = pg_loss
-            ent = L.entropy_from_logits(logits if self.algo.entropy_coef else logits.detach(), self.temperature)
-            if self.algo.entropy_coef:
-                loss = loss - self.algo.entropy_coef * L.aggregate(ent, mask, mode, denom)
-            if self.ref_model is not None:
-                with torch.no_grad():
-                    ref = L.log_probs_from_logits(self._logits(self.ref_model, mb), mb.input_ids[:, 1:].to(self.device), self.temperature)
-                kl_loss = L.aggregate(L.kl_estimate(logp, ref, self.algo.kl_loss_type), mask, mode, denom)
-                loss = loss + self.algo.kl_loss_coef * kl_loss
-                m["train/kl_loss"] += kl_loss.item()
+            loss, scalars, per_token, mask = self._micro_batch_loss(batch.select(mb_idx), mb_idx, old_all, denom)
             loss.backward()
-            m["train/loss"] += loss.item()
-            m["train/pg_loss"] += pg_loss.item()
-            for name, tok in (("pg_clipfrac", clipped), ("ppo_kl", ppo_kl), ("entropy", ent)):
-                m[f"train/{name}"] += L.aggregate(tok.detach(), mask, mode, fwd_denom).item()
-            if mb.rollout_log_probs is not None:
-                diff = (old - mb.rollout_log_probs.to(self.device)).abs()
-                m["train/rollout_logprob_abs_diff"] += L.aggregate(diff, mask, mode, fwd_denom).item()
+            for name, value in scalars.items():
+                m[f"train/{name}"] += value.item()
+            for name, tok in per_token.items():
+                m[f"train/{name}"] += L.aggregate(tok.detach(), mask, metric_mode, metric_denom).item()
         m["train/grad_norm"] = self._clip_and_step()
         m["train/lr"] = self.scheduler.get_last_lr()[0]
         m["train/kept_samples"] = float(len(keep))
         return dict(m)
+
+    def _micro_batch_loss(self, mb: TrainBatch, mb_idx: torch.Tensor, old_all: Optional[torch.Tensor], denom: float):
+        """One micro-batch: (loss, scalar terms, per-token metrics, mask). Scalars sum exactly over micro-batches."""
+        a, mode = self.algo, self.algo.loss_aggregation
+        mask, adv = mb.loss_mask.to(self.device), mb.advantages.to(self.device)
+        logits = self._logits(self.model, mb)
+        logp = L.log_probs_from_logits(logits, mb.input_ids[:, 1:].to(self.device), self.temperature)  # [n, T]
+        old = self._old(mb, mb_idx, logp, old_all)  # [n, T]
+        pg_tok, clipped, ppo_kl = self._surrogate(logp, old, adv, mask)
+        per_token = {"pg_clipfrac": clipped, "ppo_kl": ppo_kl}
+        rollout_lp = mb.rollout_log_probs.to(self.device) if mb.rollout_log_probs is not None else None
+        if a.use_tis:
+            w, per_token["tis_clipfrac"] = S.tis_weights(old, rollout_lp, a.tis_clip_low, a.tis_clip)
+            pg_tok = pg_tok * w
+        pg_loss = L.aggregate(pg_tok, mask, mode, denom)
+        scalars = {"pg_loss": pg_loss}
+        ent = L.entropy_from_logits(logits if a.entropy_coef else logits.detach(), self.temperature)
+        per_token["entropy"] = ent
+        loss = pg_loss - a.entropy_coef * L.aggregate(ent, mask, mode, denom) if a.entropy_coef else pg_loss
+        if a.use_kl_loss:
+            scalars["kl_loss"] = L.aggregate(self._kl_loss_tokens(mb, logp, old), mask, mode, denom)
+            loss = loss + a.kl_loss_coef * scalars["kl_loss"]
+        scalars["loss"] = loss
+        if rollout_lp is not None:
+            # slime's train_rollout_logprob_abs_diff: the trainer's old log-probs (current ones when they are the rollout's)
+            per_token["rollout_logprob_abs_diff"] = ((logp.detach() if a.use_rollout_logprobs else old) - rollout_lp).abs()
+        return loss, scalars, per_token, mask
+
+    def _old(self, mb: TrainBatch, mb_idx: torch.Tensor, logp: torch.Tensor, old_all: Optional[torch.Tensor]) -> torch.Tensor:
+        """Old log-probs: the rollout's (use_rollout_logprobs), recomputed before the rollout, or this pass detached."""
+        if self.algo.use_rollout_logprobs:
+            return mb.rollout_log_probs.to(self.device, logp.dtype)
+        if old_all is not None:
+            return old_all[mb_idx, : logp.shape[1]].to(self.device, logp.dtype)
+        return logp.detach()
+
+    def _surrogate(self, logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor):
+        """(loss [n, T], clipped [n, T], ppo_kl [n, T]) of the surrogate algorithm.advantage_estimator selects."""
+        a = self.algo
+        if self.custom_loss is not None:
+            return self.custom_loss(logp, old, adv, mask), torch.zeros_like(logp), old - logp
+        if a.advantage_estimator == "gspo":
+            return S.gspo_loss(logp, old, adv, mask, a.eps_clip, a.eps_clip_high, a.eps_clip_c)
+        if a.advantage_estimator == "cispo":
+            return S.cispo_loss(logp, old, adv, a.eps_clip, a.eps_clip_high)
+        return L.ppo_clip_loss(logp, old, adv, a.eps_clip, a.eps_clip_high, a.eps_clip_c)
+
+    def _kl_loss_tokens(self, mb: TrainBatch, logp: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            ref = L.log_probs_from_logits(self._logits(self.ref_model, mb), mb.input_ids[:, 1:].to(self.device), self.temperature)
+        if self.algo.use_unbiased_kl:
+            return L.unbiased_kl_estimate(logp, ref, old, self.algo.kl_loss_type)  # [n, T]
+        return L.kl_estimate(logp, ref, self.algo.kl_loss_type)  # [n, T]
 
     def _zero_grads(self) -> None:
         # zeros, not None: AdamW skips parameters without grads, which would make leaving
@@ -133,12 +199,13 @@ class TorchTrainBackend:
             self._sft_optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=0.0)
         self._sft_optimizer.zero_grad(set_to_none=True)
         mb_all = torch.arange(batch.num_samples)
-        denom = L.step_denominator([batch.loss_mask], self.algo.loss_aggregation)
+        mode = L.metric_aggregation(self.algo.loss_aggregation)  # token-sum modes are for the RL loss, not SFT
+        denom = L.step_denominator([batch.loss_mask], mode)
         total = 0.0
         for start in range(0, batch.num_samples, self.cfg.micro_batch_size):
             mb = batch.select(mb_all[start : start + self.cfg.micro_batch_size])
             logp = L.log_probs_from_logits(self._logits(self.model, mb), mb.input_ids[:, 1:].to(self.device))
-            loss = L.aggregate(L.sft_token_loss(logp), mb.loss_mask.to(self.device), self.algo.loss_aggregation, denom)
+            loss = L.aggregate(L.sft_token_loss(logp), mb.loss_mask.to(self.device), mode, denom)
             loss.backward()
             total += loss.item()
         torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip_grad if self.cfg.clip_grad > 0 else float("inf"))
