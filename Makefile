@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install run test test-all bench lint clean
+.PHONY: help install run test test-all bench bench-algorithms clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -30,7 +30,10 @@ test-all: $(STAMP) ## every test, slow ones included
 	$(PY) -m pytest -q -m "not gpu"
 
 bench: $(STAMP) ## the embedded default against TRL's GRPOTrainer, same model/data/reward/batch
-	$(PY) benchmarks/bench_grpo_vs_trl.py
+	$(PY) -m benchmarks.bench_grpo_vs_trl
+
+bench-algorithms: $(STAMP) ## every algorithm= option from one warm start: held-out accuracy and wall time
+	$(PY) -m benchmarks.bench_algorithms
 
 clean: ## remove run outputs (keeps .venv)
 	rm -rf outputs multirun mlruns mlruns.db bench_out

@@ -9,6 +9,7 @@ from pathlib import Path
 class Progress:
     def __init__(self, total: int, initial: int, enabled: bool):
         self.bar = None
+        self.acc: dict[str, float] = {}
         if enabled:
             from tqdm import tqdm
 
@@ -17,9 +18,9 @@ class Progress:
     def update(self, metrics: dict[str, float]) -> None:
         if self.bar is None:
             return
-        acc = {k.split("/")[1]: v for k, v in metrics.items() if k.startswith("eval/") and k.endswith("/accuracy")}
+        self.acc.update({k.split("/")[1]: v for k, v in metrics.items() if k.startswith("eval/") and k.endswith("/accuracy")})
         post = {"reward": f"{metrics.get('rollout/reward_mean', float('nan')):.3f}"}
-        post.update({f"acc[{k}]": f"{v:.3f}" for k, v in acc.items()})
+        post.update({f"acc[{k}]": f"{v:.3f}" for k, v in self.acc.items()})  # the latest eval stays shown
         self.bar.set_postfix(post, refresh=False)
         self.bar.update(1)
 
