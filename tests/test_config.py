@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from slime_hydra.config.preflight import Composer, compose_run, expand_sweeps, preflight
+from slime_hydra.config.preflight import compose_run, expand_sweeps, preflight
 from slime_hydra.config.schema import GROUP_SCHEMAS, RunConfig
 from slime_hydra.errors import ConfigError
 from tests.conftest import ROOT, run_cli

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from slime_hydra.config.schema import GROUP_SCHEMAS, RunConfig
+from slime_hydra.config.schema import RunConfig
 from slime_hydra.config.store import CONF_DIR, register
 from slime_hydra.errors import ConfigError
 
@@ -224,4 +224,4 @@ def compose_run(overrides: list[str], config_name: str = "config") -> RunConfig:
     return typed
 
 
-__all__ = ["Composer", "preflight", "compose_run", "expand_sweeps", "GROUP_SCHEMAS"]
+__all__ = ["Composer", "preflight", "compose_run", "expand_sweeps"]

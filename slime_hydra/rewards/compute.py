@@ -47,12 +47,6 @@ class RewardScorer:
                        if cfg.rm_url else None)
         self.time_s = 0.0
 
-    def with_key(self, reward_key: Optional[str]) -> "RewardScorer":
-        other = RewardScorer.__new__(RewardScorer)
-        other.__dict__.update(self.__dict__)
-        other.reward_key = reward_key if reward_key is not None else self.reward_key
-        return other
-
     def score(self, samples: list[Sample]) -> None:
         t0 = time.perf_counter()
         raw = asyncio.run(self._raw(samples))
