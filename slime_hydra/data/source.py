@@ -13,6 +13,12 @@ from slime_hydra.data.dataset import Prompt
 from slime_hydra.types import Sample
 
 
+def prompt_group(p: Prompt, group_index: int, n: int) -> list[Sample]:
+    """`n` fresh samples of one prompt, indexed group_index * n + j."""
+    return [Sample(prompt=p.prompt, label=p.label, group_index=group_index, index=group_index * n + j,
+                   prompt_tokens=list(p.tokens), metadata=copy.deepcopy(p.metadata)) for j in range(n)]
+
+
 class PromptSource:
     def __init__(self, prompts: list[Prompt], n_samples_per_prompt: int, shuffle: bool, seed: int):
         self.prompts = prompts
@@ -38,13 +44,8 @@ class PromptSource:
                 self._order = self._epoch_order(self.epoch)
             p = self.prompts[self._order[self.offset]]
             self.offset += 1
-            gi = self.next_group_index
+            groups.append(prompt_group(p, self.next_group_index, self.n_samples_per_prompt))
             self.next_group_index += 1
-            groups.append([
-                Sample(prompt=p.prompt, label=p.label, group_index=gi, index=gi * self.n_samples_per_prompt + j,
-                       prompt_tokens=list(p.tokens), metadata=copy.deepcopy(p.metadata))
-                for j in range(self.n_samples_per_prompt)
-            ])
         return groups
 
     def state_dict(self) -> dict:

@@ -16,7 +16,7 @@ from slime_hydra.algorithms.advantages import compute_advantages
 from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import AlgorithmConfig, EvalDatasetConfig, RolloutConfig
 from slime_hydra.data.dataset import Prompt
-from slime_hydra.data.source import PromptSource
+from slime_hydra.data.source import PromptSource, prompt_group
 from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.rollout.base import RolloutBackend
 from slime_hydra.training.base import TrainBackend, TrainBatch
@@ -94,9 +94,7 @@ def evaluate(rollout: RolloutBackend, eval_sets: dict[str, EvalSet], step: int,
     for name, es in eval_sets.items():
         t0 = time.perf_counter()
         n = es.n_samples
-        samples = [Sample(prompt=p.prompt, label=p.label, group_index=i, index=i * n + j,
-                          prompt_tokens=list(p.tokens), metadata=dict(p.metadata))
-                   for i, p in enumerate(es.prompts) for j in range(n)]
+        samples = [s for i, p in enumerate(es.prompts) for s in prompt_group(p, i, n)]
         asyncio.run(rollout.generate(samples, es.sampling))
         es.scorer.score(samples)
         correct = [sum(s.reward > 0 for s in samples[i * n:(i + 1) * n]) for i in range(len(es.prompts))]
