@@ -22,6 +22,9 @@ class ModelConfig:
     # HF directory (config.json + safetensors + tokenizer). None: build a randomly initialised model
     # from the fields below with the project's character tokenizer (the embedded default).
     hf_checkpoint: Optional[str] = None
+    # the character tokenizer built when hf_checkpoint is None: char (the embedded default) | char_tools
+    # (the same ids plus <tool_call>, </tool_call>, <tool_response>, </tool_response> for agent tasks)
+    tokenizer: str = "char"
     architecture: str = "qwen3"  # transformers model family built when hf_checkpoint is None
     num_layers: int = 4
     hidden_size: int = 128
@@ -106,6 +109,11 @@ class RolloutConfig:
     rollout_shuffle: bool = True
     rollout_seed: int = 42
     generation_batch_size: int = 256  # sequences per forward pass in the local backend
+    # slime's --custom-generate-function-path as a `_target_` node: async fn(sample, *, generate, tokenizer,
+    # sampling, max_turns, **kwargs) -> Sample (slime_hydra/agent/hook.py documents the contract); a sample's
+    # metadata.custom_generate (a dotted path or a node) overrides it. Empty: the backend's single turn.
+    custom_generate: dict[str, Any] = field(default_factory=dict)
+    max_turns: int = 1  # model turns per sample of a multi-turn generate (slime's --max-turns)
 
 
 @dataclass
@@ -115,6 +123,7 @@ class DataConfig:
     input_key: str = "prompt"
     label_key: str = "label"
     metadata_key: str = "metadata"
+    tool_key: Optional[str] = None  # slime's --tool-key: a row's tool list, passed to the chat template as tools=
     apply_chat_template: bool = False
     rollout_max_prompt_len: Optional[int] = None  # longer prompts are dropped at load time
 
@@ -197,6 +206,9 @@ class WarmStartConfig:
     steps: int = 0
     lr: float = 1e-3
     batch_size: int = 64
+    # {"_target_": "pkg.mod.fn", **kwargs}: fn(prompts, tokenizer, **kwargs) -> list[Sample] (tokens, response_length,
+    # loss_mask); e.g. multi-turn demonstrations. Empty: `label + eos` after each prompt.
+    custom_sft_samples: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

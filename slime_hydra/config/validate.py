@@ -27,6 +27,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "reward.rm_on_failure": ("zero", "raise"),
     "cluster.device": ("auto", "cpu", "cuda"),
+    "model.tokenizer": ("char", "char_tools"),
 }
 
 
@@ -225,8 +226,19 @@ def check(cfg: RunConfig) -> tuple[RunConfig, list[str], list[str]]:
     check_run(cfg, problems)
     check_data(cfg, problems)
     check_target("reward.custom_rm", cfg.reward.custom_rm, 1, problems)
+    check_agent(cfg, problems)
     check_reward(cfg, problems)
     return cfg, problems, notes
+
+
+def check_agent(cfg: RunConfig, problems: list[str]) -> None:
+    """The custom generate hook binds its call (slime_hydra/agent/hook.py has the contract); the SFT samples hook too."""
+    from slime_hydra.agent.hook import check_generate
+
+    if cfg.rollout.max_turns < 1:
+        problems.append(f"rollout.max_turns={cfg.rollout.max_turns} must be >= 1")
+    check_generate("rollout.custom_generate", cfg.rollout.custom_generate, problems)
+    check_target("warmstart.custom_sft_samples", cfg.warmstart.custom_sft_samples, 2, problems)
 
 
 def check_reward(cfg: RunConfig, problems: list[str]) -> None:

@@ -23,7 +23,8 @@ class Prompt:
     metadata: dict = field(default_factory=dict)
 
 
-def read_jsonl(path: str, input_key: str, label_key: Optional[str], metadata_key: str, what: str) -> list[dict]:
+def read_jsonl(path: str, input_key: str, label_key: Optional[str], metadata_key: str, what: str,
+               tool_key: Optional[str] = None) -> list[dict]:
     p = Path(path)
     if not p.is_file():
         raise DataError(f"{what}: file not found: {path}; set it to an existing jsonl file")
@@ -45,7 +46,7 @@ def read_jsonl(path: str, input_key: str, label_key: Optional[str], metadata_key
                         f"{sorted(row)}; set data.{cfg_key} to one of them"
                     )
             rows.append({"prompt": row[input_key], "label": None if label_key is None else row[label_key],
-                         "metadata": row.get(metadata_key) or {}})
+                         "metadata": row.get(metadata_key) or {}, "tools": row.get(tool_key) if tool_key else None})
     if not rows:
         raise DataError(f"{what}: {path} holds no samples; point it at a non-empty jsonl file")
     return rows
@@ -60,13 +61,15 @@ def load_prompts(
     apply_chat_template: bool = False,
     max_prompt_len: Optional[int] = None,
     what: str = "data.prompt_data",
+    tool_key: Optional[str] = None,
 ) -> list[Prompt]:
     prompts = []
-    for row in read_jsonl(path, input_key, label_key, metadata_key, what):
+    for row in read_jsonl(path, input_key, label_key, metadata_key, what, tool_key):
         raw = row["prompt"]
         if apply_chat_template:
             messages = raw if isinstance(raw, list) else [{"role": "user", "content": str(raw)}]
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            tools = {"tools": row["tools"]} if row["tools"] else {}  # data.tool_key: the template lists the tools
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **tools)
         elif isinstance(raw, list):
             raise DataError(f"{path}: chat-list prompts need data.apply_chat_template=true")
         else:

@@ -14,11 +14,13 @@ from typing import Optional
 
 import torch
 
+from slime_hydra.agent.hook import check_sample_overrides, wrap_rollout
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.data.dataset import Prompt, load_prompts
 from slime_hydra.data.source import PromptSource
 from slime_hydra.engine import checkpoint as ckpt
 from slime_hydra.config.validate import eval_datasets
+from slime_hydra.errors import ConfigError
 from slime_hydra.engine.steps import EvalSet, eval_sampling, rollout_sampling
 from slime_hydra.models.build import build_model, build_tokenizer
 from slime_hydra.rewards.compute import RewardScorer
@@ -60,7 +62,7 @@ def load_data(cfg: RunConfig, tokenizer) -> list[Prompt]:
     d = cfg.data
     return load_prompts(d.prompt_data, tokenizer, input_key=d.input_key, label_key=d.label_key,
                         metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template,
-                        max_prompt_len=d.rollout_max_prompt_len, what="data.prompt_data")
+                        max_prompt_len=d.rollout_max_prompt_len, what="data.prompt_data", tool_key=d.tool_key)
 
 
 def build_eval_sets(cfg: RunConfig, tokenizer, sampling: SamplingParams) -> dict[str, EvalSet]:
@@ -68,7 +70,8 @@ def build_eval_sets(cfg: RunConfig, tokenizer, sampling: SamplingParams) -> dict
     for name, ds in eval_datasets(cfg).items():
         prompts = load_prompts(ds.path, tokenizer, input_key=ds.input_key, label_key=ds.label_key,
                                metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template,
-                               max_prompt_len=d.rollout_max_prompt_len, what=f"eval.eval_prompt_data.{name}")
+                               max_prompt_len=d.rollout_max_prompt_len, what=f"eval.eval_prompt_data.{name}",
+                               tool_key=d.tool_key)
         scorer = RewardScorer(dataclasses.replace(cfg.reward, rm_type=ds.rm_type), cfg.eval.eval_reward_key)
         sets[name] = EvalSet(prompts, eval_sampling(ds, sampling), ds.n_samples_per_eval_prompt, scorer)
     return sets
@@ -95,6 +98,9 @@ def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) 
     tokenizer = build_tokenizer(cfg.model)
     sampling = rollout_sampling(cfg.rollout, (tokenizer.eos_token_id,))
     train_prompts, eval_sets = load_data(cfg, tokenizer), build_eval_sets(cfg, tokenizer, sampling)
+    metadatas = [p.metadata for p in train_prompts] + [p.metadata for es in eval_sets.values() for p in es.prompts]
+    if problems := check_sample_overrides(metadatas, "data"):  # per-sample generate hooks, before any model
+        raise ConfigError(problems)
     device = pick_device(cfg.cluster.device)
     resume = ckpt.resolve_checkpoint(cfg.load) if cfg.load else None
     model_cfg = cfg.model if resume is None else type(cfg.model)(**{**cfg.model.__dict__, "hf_checkpoint": str(resume)})
@@ -104,7 +110,9 @@ def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) 
     state = ckpt.load_state(resume) if resume else None
     tracker = build_tracker(cfg.logger, cfg.experiment_name, output_dir, resume_run_id=(state or {}).get("tracker_run_id"),
                             parent_run_id=parent_run_id)
-    comps = Components(tokenizer, train_prompts, eval_sets, source, trainer, build_rollout(cfg, trainer.model, tokenizer),
+    rollout = wrap_rollout(build_rollout(cfg, trainer.model, tokenizer), tokenizer, cfg.rollout.custom_generate,
+                           cfg.rollout.max_turns, metadatas)
+    comps = Components(tokenizer, train_prompts, eval_sets, source, trainer, rollout,
                        RewardScorer(cfg.reward), tracker, sampling, output_dir=output_dir, resumed_from=resume)
     if state is not None:
         restore(comps, state)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.engine import checkpoint as ckpt
 from slime_hydra.engine.build import Components, engine_state
@@ -50,7 +51,7 @@ def prepare(cfg: RunConfig, c: Components) -> None:
     if cfg.warmstart.steps:
         t0 = time.perf_counter()
         losses = warm_start(c.trainer, c.train_prompts, c.tokenizer, cfg.warmstart.steps, cfg.warmstart.batch_size,
-                            cfg.warmstart.lr, cfg.seed)
+                            cfg.warmstart.lr, cfg.seed, load_target(cfg.warmstart.custom_sft_samples))
         c.tracker.log_metrics({"warmstart/sft_loss": losses[-1], "perf/warmstart_time_s": time.perf_counter() - t0}, 0)
     c.trainer.freeze_reference()
     c.rollout.update_weights(c.trainer.named_weights(), version=0)

@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from slime_hydra.agent.metrics import agent_metrics
 from slime_hydra.algorithms.advantages import compute_advantages
 from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import AlgorithmConfig, EvalDatasetConfig, RolloutConfig
@@ -66,7 +67,7 @@ def rollout_metrics(samples: list[Sample], group_size: int) -> dict[str, float]:
         "rollout/truncated_ratio": sum(s.status == Status.TRUNCATED for s in samples) / len(samples),
         "rollout/zero_std_group_ratio": (grouped.std(dim=1) == 0).float().mean().item(),
         "rollout/weight_version": float(max(s.weight_version for s in samples)),
-    }
+    } | agent_metrics(samples)
 
 
 @dataclass
@@ -102,6 +103,7 @@ def evaluate(rollout: RolloutBackend, eval_sets: dict[str, EvalSet], step: int,
         for k in eval_ks(n):
             metrics[f"eval/{name}/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
         metrics[f"eval/{name}/response_len_mean"] = sum(s.response_length for s in samples) / len(samples)
+        metrics |= agent_metrics(samples, prefix=f"eval/{name}")
         metrics[f"perf/eval_{name}_time_s"] = time.perf_counter() - t0
         if sample_dir is not None:
             files.append(write_samples(samples, sample_dir / name / f"step_{step:06d}.jsonl"))

@@ -6,6 +6,7 @@ Targets are `label + eos` after the prompt; only those tokens train.
 from __future__ import annotations
 
 import random
+from typing import Callable, Optional
 
 import torch
 
@@ -25,8 +26,9 @@ def sft_samples(prompts: list[Prompt], tokenizer) -> list[Sample]:
 
 
 def warm_start(trainer: TrainBackend, prompts: list[Prompt], tokenizer, steps: int, batch_size: int, lr: float,
-               seed: int) -> list[float]:
-    samples = sft_samples(prompts, tokenizer)
+               seed: int, custom_sft_samples: Optional[Callable[..., list[Sample]]] = None) -> list[float]:
+    """custom_sft_samples (warmstart.custom_sft_samples): fn(prompts, tokenizer) -> samples with their own loss masks."""
+    samples = (custom_sft_samples or sft_samples)(prompts, tokenizer)
     rng = random.Random(seed)
     losses = []
     for _ in range(steps):

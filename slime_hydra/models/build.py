@@ -45,7 +45,7 @@ def build_tokenizer(model: ModelConfig):
         return tok
     from slime_hydra.models.tokenizer import build_char_tokenizer
 
-    return build_char_tokenizer()
+    return build_char_tokenizer(tools=model.tokenizer == "char_tools")
 
 
 def build_model(model: ModelConfig, tokenizer, seed: int) -> torch.nn.Module:

@@ -1,0 +1,221 @@
+"""`rollout.custom_generate`: slime's custom generate function as a `_target_`, and the backend wrapper that runs it.
+
+The contract (checked at validation time, before anything heavy starts):
+
+    async def my_generate(sample: Sample, *, generate: GenerateFn, tokenizer, sampling: SamplingParams,
+                          max_turns: int, **kwargs) -> Sample
+
+- `sample` has `prompt`, `prompt_tokens`, `label`, `metadata`; the hook fills `tokens` (prompt + response),
+  `response`, `response_length`, `loss_mask` and `rollout_log_probs` (one per response token), `status` and
+  `weight_version`, and returns it (or a replacement Sample).
+- `await generate(tokens, sampling) -> Completion` continues from token ids with the rollout backend
+  (whichever it is: only the RolloutBackend Protocol is used) and returns the new ids, their log-probs and
+  why it stopped. Concurrent calls of all samples are batched into one backend call.
+- `sampling` is the rollout's (or eval's) SamplingParams; `max_new_tokens` is the budget of the whole response.
+- `kwargs` are the node's other keys (`{"_target_": "pkg.mod.fn", "env": {...}}` passes `env=`).
+
+A sample's `metadata.custom_generate` (a dotted path or a `_target_` node) overrides the configured hook for
+that sample, as slime's per-sample `generate_function_path` does; such samples are checked when the data loads.
+Left out: hooks that fan one sample out into several (slime allows it); a group's size must stay fixed here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Iterable, Optional
+
+from slime_hydra.types import Sample, SamplingParams, Status
+
+HOOK_KWARGS = ("generate", "tokenizer", "sampling", "max_turns")
+
+
+@dataclass
+class Completion:
+    tokens: list[int]  # the new ids only
+    log_probs: list[float]  # [len(tokens)]
+    status: Status  # COMPLETED: ended on a stop token (the last id); TRUNCATED: hit max_new_tokens
+    weight_version: int
+
+
+GenerateFn = Callable[[list[int], SamplingParams], Awaitable[Completion]]
+
+
+def as_node(spec: Any) -> dict:
+    return {"_target_": spec} if isinstance(spec, str) else dict(spec or {})
+
+
+def load_hook(spec: Any) -> Callable[..., Awaitable[Sample]]:
+    from hydra.utils import get_method
+
+    node = as_node(spec)
+    fn = get_method(node["_target_"])
+    kwargs = {k: v for k, v in node.items() if k != "_target_"}
+    return functools.partial(fn, **kwargs) if kwargs else fn
+
+
+def check_generate(key: str, spec: Any, problems: list[str]) -> None:
+    """The hook imports, is async, and binds (sample, generate=, tokenizer=, sampling=, max_turns=, **kwargs);
+    nested `_target_` nodes among its kwargs (an env) import and bind their own keys."""
+    node = as_node(spec)
+    if not node:
+        return
+    target = node.get("_target_")
+    if not target:
+        problems.append(f"{key} needs a _target_ (a dotted path to an async generate function)")
+        return
+    try:
+        from hydra.utils import get_method
+
+        fn = get_method(target)
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's to fix
+        problems.append(f"{key}._target_={target} does not import ({type(e).__name__}: {e}); fix the dotted path")
+        return
+    if not inspect.iscoroutinefunction(fn):
+        problems.append(f"{key}._target_={target} must be an `async def` function (it awaits the backend's generate)")
+    kwargs = {k: v for k, v in node.items() if k != "_target_"}
+    try:
+        inspect.signature(fn).bind(None, **{k: None for k in HOOK_KWARGS}, **kwargs)
+    except TypeError as e:
+        problems.append(f"{key}._target_={target}: signature {inspect.signature(fn)} does not fit a call "
+                        f"fn(sample, {', '.join(f'{k}=...' for k in HOOK_KWARGS)}{''.join(f', {k}=...' for k in kwargs)}) ({e})")
+    for name, value in kwargs.items():
+        if isinstance(value, dict) and "_target_" in value:
+            from slime_hydra.config.validate import check_target
+
+            check_target(f"{key}.{name}", value, 0, problems)
+
+
+def check_sample_overrides(metadatas: Iterable[dict], what: str) -> list[str]:
+    """Problems with the samples' metadata.custom_generate overrides (each distinct one checked once)."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    for i, md in enumerate(metadatas):
+        spec = (md or {}).get("custom_generate")
+        if spec is None or repr(spec) in seen:
+            continue
+        seen.add(repr(spec))
+        check_generate(f"{what} (prompt {i + 1}) metadata.custom_generate", spec, problems)
+    return problems
+
+
+class BatchedGenerate:
+    """The `generate` handed to hooks: continuations from token ids, batched across the hooks awaiting it.
+
+    Requests that differ only in max_new_tokens share one backend call with the largest budget, each cut
+    to its own afterwards (sampling the first n tokens of a longer continuation is sampling n tokens).
+    """
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
+        self.collecting = False
+        self.tasks: set[asyncio.Task] = set()
+        self.backend_calls = 0
+
+    async def __call__(self, tokens: list[int], sampling: SamplingParams) -> Completion:
+        fut = asyncio.get_running_loop().create_future()
+        self.pending.append((list(tokens), sampling, fut))
+        if not self.collecting:
+            self.collecting = True
+            task = asyncio.ensure_future(self._flush())
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        return await fut
+
+    async def _flush(self) -> None:
+        seen, stable = -1, 0
+        while stable < 2:  # let every hook that is ready queue its request first
+            stable = stable + 1 if len(self.pending) == seen else 0
+            seen = len(self.pending)
+            await asyncio.sleep(0)
+        batch, self.pending, self.collecting = self.pending, [], False
+        groups: dict[SamplingParams, list] = {}
+        for req in batch:
+            groups.setdefault(dataclasses.replace(req[1], max_new_tokens=0), []).append(req)
+        await asyncio.gather(*(self._run(reqs) for reqs in groups.values()))
+
+    async def _run(self, reqs: list) -> None:
+        budget = max(sp.max_new_tokens for _, sp, _ in reqs)
+        samples = [Sample(prompt=None, prompt_tokens=toks) for toks, _, _ in reqs]
+        try:
+            self.backend_calls += 1
+            await self.backend.generate(samples, dataclasses.replace(reqs[0][1], max_new_tokens=budget))
+        except Exception as e:  # noqa: BLE001 - handed to every waiting hook
+            for _, _, fut in reqs:
+                fut.set_exception(e)
+            return
+        for s, (_, sp, fut) in zip(samples, reqs):
+            toks, logps, status = s.response_tokens, list(s.rollout_log_probs or []), s.status
+            if len(toks) > sp.max_new_tokens:
+                toks, logps, status = toks[: sp.max_new_tokens], logps[: sp.max_new_tokens], Status.TRUNCATED
+            fut.set_result(Completion(list(toks), logps, status, s.weight_version))
+
+
+class AgentRollout:
+    """A RolloutBackend that runs each sample through its generate hook over the wrapped backend."""
+
+    def __init__(self, backend, tokenizer, default_hook: Optional[dict], max_turns: int):
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.default_hook = load_hook(default_hook) if default_hook else None
+        self.max_turns = max_turns
+        self._hooks: dict[str, Callable] = {}
+
+    @property
+    def weight_version(self) -> int:
+        return self.backend.weight_version
+
+    def hook_for(self, s: Sample) -> Optional[Callable]:
+        spec = s.metadata.get("custom_generate")
+        if spec is None:
+            return self.default_hook
+        key = repr(spec)
+        if key not in self._hooks:
+            self._hooks[key] = load_hook(spec)
+        return self._hooks[key]
+
+    async def generate(self, samples: list[Sample], sampling: SamplingParams) -> list[Sample]:
+        plain = [s for s in samples if self.hook_for(s) is None]
+        gen = BatchedGenerate(self.backend)
+
+        async def one(s: Sample) -> Sample:
+            out = await self.hook_for(s)(s, generate=gen, tokenizer=self.tokenizer, sampling=sampling,
+                                         max_turns=self.max_turns)
+            if not isinstance(out, Sample):
+                raise TypeError(f"rollout.custom_generate returned {type(out).__name__}; it must return a Sample")
+            return out
+
+        hooked = [s for s in samples if self.hook_for(s) is not None]
+        jobs = [one(s) for s in hooked] + ([self.backend.generate(plain, sampling)] if plain else [])
+        results = await asyncio.gather(*jobs)
+        replaced = {id(a): b for a, b in zip(hooked, results[: len(hooked)])}
+        samples[:] = [replaced.get(id(s), s) for s in samples]
+        return samples
+
+    def __getattr__(self, name: str):  # the backend's other methods (abort, ...) pass through
+        if name == "backend":
+            raise AttributeError(name)
+        return getattr(self.backend, name)
+
+    def update_weights(self, named_tensors, version: int) -> None:
+        self.backend.update_weights(named_tensors, version)
+
+    def state_dict(self) -> dict:
+        return self.backend.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.backend.load_state_dict(state)
+
+    def shutdown(self) -> None:
+        self.backend.shutdown()
+
+
+def wrap_rollout(backend, tokenizer, custom_generate: dict, max_turns: int, metadatas: Iterable[dict] = ()):
+    """The backend itself when no hook is configured and no sample asks for one; else an AgentRollout."""
+    if not custom_generate and not any((md or {}).get("custom_generate") for md in metadatas):
+        return backend
+    return AgentRollout(backend, tokenizer, custom_generate or None, max_turns)
