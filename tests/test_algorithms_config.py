@@ -27,6 +27,8 @@ def notes_of(overrides: list[str]) -> list[str]:
     ("dapo", dict(advantage_estimator="grpo", eps_clip=0.2, eps_clip_high=0.28, loss_aggregation="token_mean")),
     ("reinforce_plus_plus", dict(advantage_estimator="reinforce_plus_plus", normalize_advantages=True)),
     ("reinforce_plus_plus_baseline", dict(advantage_estimator="reinforce_plus_plus_baseline", normalize_advantages=True)),
+    ("ppo", dict(advantage_estimator="ppo", normalize_advantages=True, value_clip=0.2, gamma=1.0, lambd=1.0,
+                 num_critic_only_steps=0)),
 ])
 def test_algorithm_options(option, expected):
     a = compose_run([f"algorithm={option}"]).algorithm
@@ -82,8 +84,8 @@ def test_unbiased_kl_needs_the_kl_loss():
 
 
 def test_new_estimators_and_aggregations_are_choices():
-    (msg,) = problems_of(["algorithm.advantage_estimator=ppo"])
-    assert "reinforce_plus_plus_baseline" in msg and "'ppo'" in msg  # ppo needs a critic: not accepted yet
+    (msg,) = problems_of(["algorithm.advantage_estimator=gae"])
+    assert "reinforce_plus_plus_baseline" in msg and "'ppo'" in msg
     (msg,) = problems_of(["algorithm.loss_aggregation=seq_mean"])
     assert "seq_mean_token_sum_norm" in msg
 
@@ -101,3 +103,23 @@ def test_custom_plugins_are_bound_at_validation():
                          "++algorithm.custom_loss={_target_:tests.test_algorithms_backend.reinforce_surrogate,nope:1}"])
     assert any(p.startswith("algorithm.custom_advantage._target_=") and "does not import" in p for p in probs), probs
     assert any(p.startswith("algorithm.custom_loss._target_=") and "4 positional" in p for p in probs), probs
+
+
+def test_ppo_combinations_name_the_fix():
+    (msg,) = problems_of(["algorithm=ppo", "++algorithm.custom_advantage={_target_:tests.test_algorithms_backend.reinforce_surrogate}"])
+    assert "algorithm.custom_advantage" in msg and "GAE" in msg
+    (msg,) = problems_of(["algorithm.num_critic_only_steps=2"])
+    assert "algorithm=ppo" in msg
+    (msg,) = problems_of(["algorithm=ppo", "algorithm.num_critic_only_steps=5", "num_rollout=5"])
+    assert "below num_rollout" in msg
+    (msg,) = problems_of(["algorithm=ppo", "train.critic_lr=0"])
+    assert "train.critic_lr=0" in msg
+
+
+def test_ref_update_interval_needs_a_reference():
+    (msg,) = problems_of(["algorithm.ref_update_interval=10"])
+    assert "algorithm.use_kl_loss=true" in msg
+    assert compose_run(["algorithm.ref_update_interval=10", "algorithm.use_kl_loss=true",
+                        "algorithm.kl_loss_coef=0.01"]).algorithm.ref_update_interval == 10
+    (msg,) = problems_of(["algorithm.ref_update_interval=0", "algorithm.use_kl_loss=true"])
+    assert ">= 1 or null" in msg

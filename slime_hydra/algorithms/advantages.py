@@ -1,9 +1,9 @@
 """Reward post-processing, advantage estimators and whitening (slime semantics).
 
 GRPO-family estimators (grpo, gspo, cispo) give one scalar per sample, broadcast to every response
-token; REINFORCE++ variants give per-token values (`reinforce.py`). `compute_advantages` is the one
-entry point the engine calls: [N] rewards -> [N, T] advantages on the trainer's loss mask.
-Deliberately left out here: ppo (GAE needs a critic the trainer does not have; see `critic.py`).
+token; REINFORCE++ variants give per-token values (`reinforce.py`); ppo gives GAE over the critic's
+values (`critic.py`). `compute_advantages` is the one entry point the engine calls: [N] rewards ->
+[N, T] advantages on the trainer's loss mask (and, for ppo, the critic's [N, T] returns).
 """
 
 from __future__ import annotations
@@ -13,9 +13,14 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from slime_hydra.algorithms.reinforce import reinforce_plus_plus_advantages, reinforce_plus_plus_baseline_advantages
+from slime_hydra.algorithms.critic import gae_advantages
+from slime_hydra.algorithms.reinforce import (
+    reinforce_plus_plus_advantages,
+    reinforce_plus_plus_baseline_advantages,
+    token_level_rewards,
+)
 
-ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
 
 # fn(rewards [N], mask [N, T], kl [N, T] | None, group_size, **kwargs) -> advantages [N, T]
 CustomAdvantage = Callable[[Tensor, Tensor, Optional[Tensor], int], Tensor]
@@ -82,6 +87,7 @@ def compute_advantages(
     reinforce_plus_plus_baseline: (R - mean_group) - kl_coef*kl_t.
     custom (algorithm.custom_advantage): custom(rewards, mask, kl, group_size) replaces the estimator.
     normalize_advantages then whitens over every masked token of the batch.
+    ppo needs the critic's values: `ppo_advantages`.
     """
     if custom is not None:
         adv = custom(rewards, mask, kl, group_size).to(mask.dtype) * mask
@@ -92,6 +98,20 @@ def compute_advantages(
         adv = reinforce_plus_plus_advantages(rewards, mask, kl, kl_coef, gamma)
     elif estimator == "reinforce_plus_plus_baseline":
         adv = reinforce_plus_plus_baseline_advantages(rewards, mask, kl, kl_coef, group_size, rewards_normalization)
+    elif estimator == "ppo":
+        raise ValueError("advantage_estimator=ppo needs the critic's values: call ppo_advantages")
     else:
         raise ValueError(f"unknown advantage_estimator {estimator!r}; one of {list(ADVANTAGE_ESTIMATORS)}")
     return masked_whiten(adv, mask) if normalize_advantages else adv  # [N, T]
+
+
+def ppo_advantages(rewards: Tensor, mask: Tensor, kl: Optional[Tensor], values: Tensor, *, kl_coef: float = 0.0,
+                   gamma: float = 1.0, lambd: float = 1.0, normalize_advantages: bool = True) -> tuple[Tensor, Tensor]:
+    """PPO: GAE(gamma, lambd) over the critic's values [N, T] of the KL-shaped token rewards
+    (r_t = -kl_coef*kl_t, plus R at the last response token, as REINFORCE++).
+
+    Returns (advantages [N, T], whitened over the batch's masked tokens when normalize_advantages;
+    returns [N, T] = GAE + values before whitening: the critic's targets).
+    """
+    adv, returns = gae_advantages(values.to(mask.dtype), token_level_rewards(rewards, mask, kl, kl_coef), mask, gamma, lambd)
+    return (masked_whiten(adv, mask) if normalize_advantages else adv), returns

@@ -1,7 +1,6 @@
 """PPO's critic-side math: GAE and the clipped value loss (slime semantics), as pure functions.
 
-Not wired into a trainer yet: the torch backend has no value model, so `ppo` is not an accepted
-algorithm.advantage_estimator. These are here, tested, for the backend that adds a critic.
+`advantages.ppo_advantages` runs GAE over the critic's values; `training/critic.py` trains on the value loss.
 Shapes: [N, T] on the trainer's layout; `mask` is 1 on response tokens that train.
 """
 

@@ -39,7 +39,43 @@ class ModelConfig:
     qk_layernorm: bool = True
     vocab_size: Optional[int] = None  # None: taken from the tokenizer
     init_std: float = 0.02
-    dtype: str = "float32"  # float32 | bfloat16 | float16
+    dtype: str = "float32"  # float32 | bfloat16 | float16 | float64 (exactness tests on CPU)
+    # -- read by the megatron backend (slime's MODEL_ARGS; the torch backend builds only dense qwen3/llama) --
+    normalization: str = "RMSNorm"  # RMSNorm | LayerNorm
+    swiglu: bool = True
+    add_qkv_bias: bool = False  # qwen2.5, glm4
+    rotary_percent: float = 1.0  # glm4: 0.5
+    rotary_interleaved: bool = False  # glm4
+    use_rope_scaling: bool = False  # llama3.1's rope scaling, factor rotary_scaling_factor
+    rotary_scaling_factor: float = 1.0  # llama3.1: 8; MLA (yarn): deepseek-v3 40, kimi-k2 32
+    post_self_attn_layernorm: bool = False  # glm4's extra norms (slime_plugins glm4 spec)
+    post_mlp_layernorm: bool = False
+    # MoE (num_experts None: dense)
+    num_experts: Optional[int] = None
+    moe_ffn_hidden_size: Optional[int] = None
+    moe_router_topk: int = 2
+    # 1: every layer is MoE; megatron's expression "([0]*3+[1]*58)" (0 dense, 1 MoE) or a list
+    moe_layer_freq: Any = 1
+    moe_shared_expert_intermediate_size: Optional[int] = None
+    moe_router_score_function: str = "softmax"  # softmax | sigmoid
+    moe_router_pre_softmax: bool = False
+    moe_router_enable_expert_bias: bool = False
+    moe_router_num_groups: Optional[int] = None
+    moe_router_group_topk: Optional[int] = None
+    moe_router_topk_scaling_factor: Optional[float] = None
+    moe_router_load_balancing_type: str = "aux_loss"  # aux_loss | seq_aux_loss | none
+    moe_aux_loss_coeff: float = 0.0
+    moe_grouped_gemm: bool = False
+    moe_token_dispatcher_type: str = "allgather"  # allgather | alltoall
+    # multi-latent attention (deepseek-v3, moonlight, kimi-k2)
+    multi_latent_attention: bool = False
+    q_lora_rank: Optional[int] = None  # None: no query compression (moonlight)
+    kv_lora_rank: int = 512
+    qk_head_dim: int = 128
+    qk_pos_emb_head_dim: int = 64
+    v_head_dim: int = 128
+    mscale: float = 1.0
+    mscale_all_dim: float = 1.0
 
 
 @dataclass
@@ -47,22 +83,23 @@ class AlgorithmConfig:
     """Advantage estimator and policy loss (slime semantics; docs/algorithms.md has the formulas)."""
 
     name: str = "grpo"
-    # grpo | gspo | cispo | reinforce_plus_plus | reinforce_plus_plus_baseline
-    # (ppo needs a critic, which the torch backend does not have yet)
+    # grpo | gspo | cispo | reinforce_plus_plus | reinforce_plus_plus_baseline | ppo (a critic, GAE)
     advantage_estimator: str = "grpo"
     loss_type: str = "policy_loss"  # policy_loss | sft_loss
     eps_clip: float = 0.2
     eps_clip_high: Optional[float] = None  # DAPO clip-higher; None means eps_clip
     eps_clip_c: Optional[float] = None  # dual clip lower bound (> 1) for negative advantages
-    value_clip: float = 0.2  # PPO value-loss clip (read by algorithms.critic.value_loss)
+    value_clip: float = 0.2  # ppo: the critic's value-loss clip
+    num_critic_only_steps: int = 0  # ppo: the first rollouts train only the critic (slime's --num-critic-only-steps)
     rewards_normalization: bool = True  # subtract the group mean
     grpo_std_normalization: bool = True  # divide by group std + 1e-6 (Dr.GRPO turns this off)
     normalize_advantages: bool = False  # whiten over every response token of the rollout (required by reinforce++)
     kl_coef: float = 0.0  # KL(pi_old || ref) as reward shaping, before advantages (reinforce++ variants)
     gamma: float = 1.0  # discount of reinforce++ returns (and GAE)
-    lambd: float = 1.0  # GAE lambda (read by algorithms.critic.gae_advantages)
+    lambd: float = 1.0  # ppo: GAE lambda
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.0
+    ref_update_interval: Optional[int] = None  # re-snapshot the KL reference from the policy every N rollouts
     kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 | low_var_kl
     use_unbiased_kl: bool = False  # KL loss times pi_theta / pi_old (DeepSeek-V3.2)
     entropy_coef: float = 0.0
@@ -93,6 +130,11 @@ class ParallelismConfig:
     context_parallel_size: int = 1
     expert_model_parallel_size: int = 1
     sequence_parallel: bool = False
+    use_distributed_optimizer: bool = False  # megatron's ZeRO-1 style sharded optimizer state
+    recompute_activations: bool = False  # megatron's shorthand for recompute_granularity=selective
+    recompute_granularity: Optional[str] = None  # None | full | selective
+    recompute_method: Optional[str] = None  # uniform | block (with recompute_granularity=full)
+    recompute_num_layers: Optional[int] = None
 
 
 @dataclass
@@ -108,12 +150,45 @@ class RolloutConfig:
     rollout_stop_token_ids: list[int] = field(default_factory=list)
     rollout_shuffle: bool = True
     rollout_seed: int = 42
+    # -- the data buffer and dynamic sampling (slime_hydra/data/buffer.py has the plug-in contracts) --
+    # groups submitted per generation round; rounds repeat until rollout_batch_size groups pass
+    # dynamic_sampling_filter. None: rollout_batch_size
+    over_sampling_batch_size: Optional[int] = None
+    # {"_target_": "pkg.mod.fn", **kwargs}: fn(group: list[Sample], **kwargs) -> bool | (bool, reason);
+    # False drops the finished group. Built-in: slime_hydra.data.buffer.check_reward_nonzero_std (DAPO)
+    dynamic_sampling_filter: dict[str, Any] = field(default_factory=dict)  # empty: keep every group
+    # {"_target_": "pkg.mod.fn", **kwargs}: fn(buffer: list[list[Sample]], num_groups: int, **kwargs) ->
+    # the groups to serve (at most num_groups, taken from buffer). Empty: first in, first out
+    buffer_filter: dict[str, Any] = field(default_factory=dict)
+    # abort what is still generating once enough groups passed; unfinished groups return to the buffer with
+    # their partial responses and continue later (otherwise they return as fresh prompts)
+    partial_rollout: bool = False
+    mask_offpolicy_in_partial_rollout: bool = False  # loss-mask the part generated by older weights
     generation_batch_size: int = 256  # sequences per forward pass in the local backend
     # slime's --custom-generate-function-path as a `_target_` node: async fn(sample, *, generate, tokenizer,
     # sampling, max_turns, **kwargs) -> Sample (slime_hydra/agent/hook.py documents the contract); a sample's
     # metadata.custom_generate (a dotted path or a node) overrides it. Empty: the backend's single turn.
     custom_generate: dict[str, Any] = field(default_factory=dict)
     max_turns: int = 1  # model turns per sample of a multi-turn generate (slime's --max-turns)
+    # -- backend=sglang (slime_hydra/rollout/sglang/): engines = cluster.rollout_num_gpus / rollout_num_gpus_per_engine --
+    # SGLang ServerArgs pass-through (slime's --sglang-<flag>), e.g. {mem_fraction_static: 0.8, context_length: 8192};
+    # checked against sglang's ServerArgs fields. model_path, tp_size, port, host and random_seed are the runner's.
+    sglang: dict[str, Any] = field(default_factory=dict)
+    sglang_router_policy: str = "cache_aware"  # sglang-router --policy: cache_aware | round_robin | random | power_of_two
+    sglang_router: dict[str, Any] = field(default_factory=dict)  # RouterArgs pass-through (thresholds, health checks)
+    sglang_server_concurrency: int = 512  # in-flight requests per engine
+    sglang_request_timeout_s: float = 600.0
+    sglang_max_retries: int = 5  # per request (transport errors, 5xx, stale weights), exponential backoff
+    sglang_retry_backoff_s: float = 0.5
+    sglang_server_start_timeout_s: float = 600.0
+    weight_sync: str = "auto"  # auto (tensor when colocated, else disk) | tensor | disk
+    update_weight_buffer_size: int = 512 * 1024**2  # bytes per weight-sync bucket (slime's default)
+    check_weight_update_equal: bool = False  # after each sync, compare every engine's weights with the trainer's
+    use_fault_tolerance: bool = False  # health checks, restart of dead engines, resync, re-dispatch
+    rollout_health_check_interval: float = 30.0  # seconds between health checks
+    # seconds after a (re)launch before a silent engine counts as failed (slime's 0 kills engines still loading)
+    rollout_health_check_first_wait: float = 600.0
+    rollout_health_check_max_failures: int = 2  # failed checks in a row before a restart
 
 
 @dataclass
@@ -187,6 +262,7 @@ class TrainConfig:
     micro_batch_size: int = 1  # slime's default; the embedded experiment uses one micro-batch per step
     lr: float = 1e-6
     min_lr: float = 0.0
+    critic_lr: Optional[float] = None  # ppo's critic; None: lr (min_lr scales with it)
     lr_decay_style: str = "constant"  # constant | linear | cosine
     lr_warmup_iters: int = 0
     weight_decay: float = 0.0
@@ -222,15 +298,29 @@ class LoggerConfig:
 
 @dataclass
 class ClusterConfig:
-    """slime's resource keys; one process on CPU by default."""
+    """slime's resource keys; one process on CPU by default.
 
+    With backend=ray the keys lay out one placement group: one bundle per GPU, the actor slice
+    (actor_num_nodes × actor_num_gpus_per_node, one data-parallel train rank each) then the rollout
+    slice (rollout_num_gpus, one engine per rollout_num_gpus_per_engine); colocate shares the actor's
+    bundles. On a machine without GPUs each "GPU" is a bundle of one CPU, so CI runs the same code.
+    """
+
+    backend: str = "local"  # local: one process (trainer and rollout in the driver) | ray: placement group + actors
+    # Ray cluster to use with backend=ray: None: $RAY_ADDRESS if set, else a new local cluster;
+    # "local": always a new local cluster; "auto" or "host:port": an existing cluster (`ray start --head`)
+    address: Optional[str] = None
     actor_num_nodes: int = 1
     actor_num_gpus_per_node: int = 1
-    rollout_num_gpus: Optional[int] = None  # colocate: the actor's GPUs
+    rollout_num_gpus: Optional[int] = None  # None: the actor's GPUs (colocate); required when not colocated
     rollout_num_gpus_per_engine: int = 1
     colocate: bool = True
+    # slime: None means "offload when colocated"; read by the megatron/sglang backends (torch on CPU keeps both)
+    offload_train: Optional[bool] = None
+    offload_rollout: Optional[bool] = None
+    placement_timeout_s: float = 60.0  # how long to wait for the placement group before reporting it cannot fit
     device: str = "auto"  # auto | cpu | cuda
-    num_threads: Optional[int] = None  # torch intra-op threads; None keeps torch's choice
+    num_threads: Optional[int] = None  # torch intra-op threads (per actor with backend=ray: default 1); None keeps torch's choice
 
 
 @dataclass
@@ -252,6 +342,14 @@ class RunConfig:
     experiment_name: str = "default"
     seed: int = 1234
     num_rollout: Optional[int] = None
+    num_epoch: Optional[int] = None  # with num_rollout unset: num_rollout = num_epoch × prompts // rollout_batch_size
+    # sync: generate rollout k, then train on it. async (slime's train_async.py): generation of rollout k+1
+    # runs while training on rollout k (slime_hydra/engine/async_loop.py)
+    train_mode: str = "sync"
+    async_buffer_size: int = 1  # async: rollouts that may be generated ahead of training (their staleness bound)
+    update_weights_interval: int = 1  # rollouts between weight syncs to the rollout engine, never mid-generation
+    # write each rollout's samples (kept and dropped) as jsonl; "{rollout_id}" in the path is replaced
+    save_debug_rollout_data: Optional[str] = None
     save: Optional[str] = None  # checkpoint directory; None: <output_dir>/checkpoints
     save_interval: Optional[int] = None  # rollouts between checkpoints; the last one is always saved
     load: Optional[str] = None  # checkpoint directory to resume from

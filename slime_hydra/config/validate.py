@@ -13,21 +13,22 @@ from pathlib import Path
 from typing import Any, Optional
 
 from slime_hydra.config.schema import EvalDatasetConfig, RunConfig
+from slime_hydra.config.validate_buffer import check_buffer, derive_num_rollout
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    # ppo is left out until a trainer has a critic (algorithms/critic.py has its math)
-    "algorithm.advantage_estimator": ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"),
+    "algorithm.advantage_estimator": ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"),
     "algorithm.loss_type": ("policy_loss", "sft_loss"),
     "algorithm.kl_loss_type": ("k1", "k2", "k3", "low_var_kl"),
     "algorithm.loss_aggregation": ("sample_token_mean", "token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"),
-    "rollout.backend": ("local",),
-    "train.backend": ("torch",),
+    "rollout.backend": ("local", "sglang"),
+    "train.backend": ("torch", "megatron"),
     "train.lr_decay_style": ("constant", "linear", "cosine"),
     "logger.tracker": ("mlflow", "tensorboard", "none"),
-    "model.dtype": ("float32", "bfloat16", "float16"),
+    "model.dtype": ("float32", "bfloat16", "float16", "float64"),  # float64: exactness tests on CPU
     "reward.rm_on_failure": ("zero", "raise"),
     "cluster.device": ("auto", "cpu", "cuda"),
     "model.tokenizer": ("char", "char_tools"),
+    "cluster.backend": ("local", "ray"),
 }
 
 
@@ -98,6 +99,11 @@ def check_values(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
         t.skip_zero_advantage_samples = False
         notes.append("train.skip_zero_advantage_samples turned off: the KL/entropy/custom loss terms depend on every sample")
     check_algorithm(cfg, problems, notes)
+    from slime_hydra.training.megatron.checks import check_megatron, check_model  # no megatron import
+
+    check_model(cfg, problems)
+    if cfg.train.backend == "megatron":
+        check_megatron(cfg, problems)
     if cfg.train.backend == "torch":
         p = cfg.parallelism
         if (p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size, p.expert_model_parallel_size) != (1, 1, 1, 1):
@@ -134,12 +140,41 @@ def check_algorithm(cfg: RunConfig, problems: list[str], notes: list[str]) -> No
             problems.append(f"algorithm.{key}={getattr(a, key)} must be in [{lo}, {hi}]")
     if a.value_clip <= 0:
         problems.append(f"algorithm.value_clip={a.value_clip} must be > 0")
+    check_ppo(cfg, problems)
+    if a.ref_update_interval is not None:
+        if a.ref_update_interval < 1:
+            problems.append(f"algorithm.ref_update_interval={a.ref_update_interval} must be >= 1 or null")
+        elif not (a.use_kl_loss or a.kl_coef != 0):
+            problems.append(f"algorithm.ref_update_interval={a.ref_update_interval} has no reference model to update (no KL is "
+                            "used); set algorithm.use_kl_loss=true with algorithm.kl_loss_coef, or algorithm.ref_update_interval=null")
     if a.advantage_estimator == "cispo" and a.eps_clip < 1.0:
         notes.append(f"algorithm.advantage_estimator=cispo with algorithm.eps_clip={a.eps_clip} keeps the lower clip bound "
                      f"{1.0 - a.eps_clip:g} active; canonical CISPO is single-sided: algorithm=cispo sets eps_clip=1.0 and "
                      "eps_clip_high=4.0")
     check_target("algorithm.custom_advantage", a.custom_advantage, 4, problems)
     check_target("algorithm.custom_loss", a.custom_loss, 4, problems)
+
+
+def check_ppo(cfg: RunConfig, problems: list[str]) -> None:
+    a, t = cfg.algorithm, cfg.train
+    if a.num_critic_only_steps < 0:
+        problems.append(f"algorithm.num_critic_only_steps={a.num_critic_only_steps} must be >= 0")
+    if t.critic_lr is not None and t.critic_lr <= 0:
+        problems.append(f"train.critic_lr={t.critic_lr} must be > 0 (or null: train.lr)")
+    if a.advantage_estimator != "ppo":
+        if a.num_critic_only_steps:
+            problems.append(f"algorithm.num_critic_only_steps={a.num_critic_only_steps} needs a critic: set "
+                            "algorithm=ppo, or algorithm.num_critic_only_steps=0")
+        return
+    if t.backend != "torch":
+        problems.append(f"algorithm.advantage_estimator=ppo needs a critic, which train.backend={t.backend} does not have; "
+                        "set train.backend=torch, or pick another algorithm=")
+    if a.custom_advantage:
+        problems.append("algorithm.custom_advantage would replace ppo's GAE and leave its critic without returns; use "
+                        "algorithm.advantage_estimator=grpo (or another) with algorithm.custom_advantage, or drop it")
+    if cfg.num_rollout is not None and a.num_critic_only_steps >= cfg.num_rollout:
+        problems.append(f"algorithm.num_critic_only_steps={a.num_critic_only_steps} leaves no rollout for the policy "
+                        f"(num_rollout={cfg.num_rollout}); set it below num_rollout")
 
 
 def check_run(cfg: RunConfig, problems: list[str]) -> None:
@@ -219,15 +254,23 @@ def check_target(key: str, node: Optional[dict], n_positional: int, problems: li
 def check(cfg: RunConfig) -> tuple[RunConfig, list[str], list[str]]:
     cfg = dataclasses.replace(cfg)  # shallow: derivations below replace nested values in place
     cfg.train = dataclasses.replace(cfg.train)
+    cfg.cluster = dataclasses.replace(cfg.cluster)
     problems: list[str] = []
     notes: list[str] = []
     check_values(cfg, problems, notes)
     check_batch(cfg, problems, notes)
+    derive_num_rollout(cfg, problems, notes)
     check_run(cfg, problems)
+    check_buffer(cfg, problems, notes)
     check_data(cfg, problems)
     check_target("reward.custom_rm", cfg.reward.custom_rm, 1, problems)
     check_agent(cfg, problems)
     check_reward(cfg, problems)
+    check_cluster(cfg, problems, notes)
+    if cfg.rollout.backend == "sglang":  # reads sglang's sources with ast, imports nothing
+        from slime_hydra.rollout.sglang.checks import check_sglang
+
+        check_sglang(cfg, problems)
     return cfg, problems, notes
 
 
@@ -259,3 +302,54 @@ def check_reward(cfg: RunConfig, problems: list[str]) -> None:
             problems.append(f"reward.{key}={getattr(rm, key)} must be >= {1 if key == 'rm_concurrency' else 0}")
     if rm.rm_timeout_s <= 0:
         problems.append(f"reward.rm_timeout_s={rm.rm_timeout_s} must be > 0")
+
+
+def check_cluster(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
+    """Static resource-layout checks and slime's derivations; what the Ray cluster holds is checked at
+    orchestration start (slime_hydra/orchestration/placement.py), before any actor is built."""
+    c = cfg.cluster
+    for key in ("actor_num_nodes", "actor_num_gpus_per_node"):
+        if getattr(c, key) < 1:
+            problems.append(f"cluster.{key}={getattr(c, key)} must be >= 1")
+    actor = c.actor_num_nodes * c.actor_num_gpus_per_node
+    actor_txt = f"cluster.actor_num_nodes × cluster.actor_num_gpus_per_node = {c.actor_num_nodes} × {c.actor_num_gpus_per_node} = {actor}"
+    if c.rollout_num_gpus is None:
+        if c.colocate:
+            c.rollout_num_gpus = actor  # slime: colocated rollout uses the actor's GPUs
+        else:
+            problems.append("cluster.rollout_num_gpus is not set and cluster.colocate=false; set cluster.rollout_num_gpus "
+                            "(the GPUs of the rollout engines) or cluster.colocate=true")
+            return
+    per = c.rollout_num_gpus_per_engine
+    if c.rollout_num_gpus < 1:
+        problems.append(f"cluster.rollout_num_gpus={c.rollout_num_gpus} must be >= 1")
+    elif per >= 1 and c.rollout_num_gpus % per:
+        problems.append(f"cluster.rollout_num_gpus={c.rollout_num_gpus} is not divisible by cluster.rollout_num_gpus_per_engine={per}; "
+                        f"set cluster.rollout_num_gpus to a multiple of {per} or cluster.rollout_num_gpus_per_engine to a divisor of it")
+    c.offload_train = c.colocate if c.offload_train is None else c.offload_train
+    c.offload_rollout = c.colocate if c.offload_rollout is None else c.offload_rollout
+    if c.placement_timeout_s <= 0:
+        problems.append(f"cluster.placement_timeout_s={c.placement_timeout_s} must be > 0")
+    if c.backend == "local":
+        if actor > 1:
+            problems.append(f"{actor_txt} data-parallel train ranks need cluster.backend=ray (one Ray actor per rank); "
+                            "set cluster.backend=ray or cluster.actor_num_gpus_per_node=1")
+        if c.address is not None:
+            problems.append(f"cluster.address={c.address} is only read with cluster.backend=ray; set cluster.backend=ray or drop it")
+    if cfg.rollout.backend == "local":
+        if per != 1:
+            problems.append(f"cluster.rollout_num_gpus_per_engine={per}: a rollout.backend=local engine runs on one device; "
+                            "set cluster.rollout_num_gpus_per_engine=1")
+        if c.backend == "local" and c.rollout_num_gpus not in (1, actor):
+            problems.append(f"cluster.rollout_num_gpus={c.rollout_num_gpus} engines need cluster.backend=ray "
+                            "(cluster.backend=local runs one engine in the driver); set cluster.backend=ray")
+    gbs = cfg.train.global_batch_size
+    if c.backend == "ray" and gbs and gbs % actor:
+        problems.append(f"train.global_batch_size={gbs} is not divisible by the {actor} data-parallel ranks ({actor_txt}); "
+                        f"set train.global_batch_size to a multiple of {actor}")
+    elif c.backend == "ray" and gbs and (gbs // actor) % cfg.train.micro_batch_size:
+        problems.append(f"train.micro_batch_size={cfg.train.micro_batch_size} must divide the per-rank batch train.global_batch_size / "
+                        f"ranks = {gbs} / {actor} = {gbs // actor}; set train.micro_batch_size to a divisor of {gbs // actor}")
+    if c.backend == "ray":
+        notes.append(f"cluster: {actor_txt} train ranks, cluster.rollout_num_gpus={c.rollout_num_gpus} in "
+                     f"{c.rollout_num_gpus // max(per, 1)} engine(s), {'colocated' if c.colocate else 'disaggregated'}")

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from slime_hydra.agent.metrics import agent_metrics
-from slime_hydra.algorithms.advantages import compute_advantages
+from slime_hydra.algorithms.advantages import compute_advantages, ppo_advantages
 from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import AlgorithmConfig, EvalDatasetConfig, RolloutConfig
 from slime_hydra.data.dataset import Prompt
@@ -44,10 +44,17 @@ def generate(rollout: RolloutBackend, source: PromptSource, num_groups: int, sam
 
 def advantages(samples: list[Sample], algo: AlgorithmConfig, group_size: int, pad_id: int, trainer: TrainBackend) -> TrainBatch:
     """Collate, then [N, T] per-token advantages on the batch's loss mask (REINFORCE++ needs it); the
-    reward-shaping KL comes from the trainer (policy vs reference) only when algorithm.kl_coef != 0."""
+    reward-shaping KL comes from the trainer (policy vs reference) only when algorithm.kl_coef != 0, and
+    ppo's values from the trainer's critic (batch.values and batch.returns are the critic's targets)."""
     batch = collate(samples, torch.zeros(len(samples)), pad_id)
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
     kl = trainer.reward_kl(batch) if algo.kl_coef else None
+    if algo.advantage_estimator == "ppo":
+        batch.values = trainer.values(batch)  # [N, T] the critic's, at rollout time
+        batch.advantages, batch.returns = ppo_advantages(rewards, batch.loss_mask, kl, batch.values, kl_coef=algo.kl_coef,
+                                                         gamma=algo.gamma, lambd=algo.lambd,
+                                                         normalize_advantages=algo.normalize_advantages)
+        return batch
     batch.advantages = compute_advantages(
         algo.advantage_estimator, rewards, batch.loss_mask, kl, group_size,
         rewards_normalization=algo.rewards_normalization, grpo_std_normalization=algo.grpo_std_normalization,

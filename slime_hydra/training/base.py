@@ -17,6 +17,8 @@ class TrainBatch:
     loss_mask: torch.Tensor  # [N, T] 1 on response tokens that train
     advantages: torch.Tensor  # [N, T]
     rollout_log_probs: Optional[torch.Tensor] = None  # [N, T]
+    returns: Optional[torch.Tensor] = None  # [N, T] value targets (ppo: GAE advantages + old values)
+    values: Optional[torch.Tensor] = None  # [N, T] the critic's values at rollout time (ppo's old values)
 
     @property
     def num_samples(self) -> int:
@@ -25,18 +27,24 @@ class TrainBatch:
     def select(self, idx: torch.Tensor) -> "TrainBatch":
         """Rows `idx`, trimmed to the longest sequence among them."""
         t = int(self.attention_mask[idx].sum(-1).max().item()) if len(idx) else 1
-        rlp = None if self.rollout_log_probs is None else self.rollout_log_probs[idx, : t - 1]
+        def rows(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+            return None if x is None else x[idx, : t - 1]
+
         return TrainBatch(self.input_ids[idx, :t], self.attention_mask[idx, :t], self.loss_mask[idx, : t - 1],
-                          self.advantages[idx, : t - 1], rlp)
+                          self.advantages[idx, : t - 1], rows(self.rollout_log_probs), rows(self.returns), rows(self.values))
 
 
 class TrainBackend(Protocol):
     def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
-        """All optimizer steps for one rollout; returns train/* metrics."""
+        """All optimizer steps for one rollout (the critic's too, for ppo); returns train/* metrics."""
         ...
 
     def reward_kl(self, batch: TrainBatch) -> torch.Tensor:
         """[N, T] KL(pi_old || ref) on the loss mask, for algorithm.kl_coef's reward shaping."""
+        ...
+
+    def values(self, batch: TrainBatch) -> torch.Tensor:
+        """[N, T] the critic's values on the loss mask (algorithm.advantage_estimator=ppo only)."""
         ...
 
     def sft_step(self, batch: TrainBatch, lr: float) -> float: ...

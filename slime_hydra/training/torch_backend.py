@@ -6,8 +6,10 @@ step's loss (the aggregation denominator is the whole step's). Old log-probs are
 the weights from before the rollout's first step for the samples of later steps; on the first step
 they *are* the current forward pass (detached), so its ppo_kl is exactly 0 and no extra pass is
 spent on them. With algorithm.use_rollout_logprobs the rollout engine's log-probs are the old ones.
-The surrogate follows algorithm.advantage_estimator (PPO-clip, GSPO, CISPO) or algorithm.custom_loss;
-no critic: ppo is not supported here.
+The surrogate follows algorithm.advantage_estimator (PPO-clip, GSPO, CISPO) or algorithm.custom_loss.
+With advantage_estimator=ppo the backend owns a critic (training/critic.py), trained on every rollout;
+the policy sits out the first algorithm.num_critic_only_steps rollouts. algorithm.ref_update_interval
+re-snapshots the KL reference from the policy every that many rollouts.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from slime_hydra.algorithms import surrogates as S
 from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.training.base import TrainBatch
+from slime_hydra.training.critic import TorchCritic
 from slime_hydra.training.schedule import lr_multiplier
 
 
@@ -46,11 +49,21 @@ class TorchTrainBackend:
             self.optimizer, lr_multiplier(train.lr_decay_style, train.lr_warmup_iters, total_steps, train.lr, train.min_lr))
         self.ref_model: Optional[torch.nn.Module] = None
         self._sft_optimizer: Optional[torch.optim.Optimizer] = None
+        self.critic = (TorchCritic(self.model, algorithm, train, total_steps, device, max_response_len)
+                       if algorithm.advantage_estimator == "ppo" else None)
+        self.rollouts_trained = 0  # rollouts seen by train_rollout (num_critic_only_steps, ref_update_interval)
 
     def freeze_reference(self) -> None:
-        """Snapshot the current weights as the KL reference (after any warm start)."""
+        """After any warm start: snapshot the KL reference, and start the critic from the policy's body."""
         if self.algo.use_kl_loss or self.algo.kl_coef != 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        if self.critic is not None:
+            self.critic.reset_from(self.model)
+
+    def values(self, batch: TrainBatch) -> torch.Tensor:
+        if self.critic is None:
+            raise RuntimeError("values() needs the critic: algorithm.advantage_estimator=ppo")
+        return self.critic.values(batch)
 
     # -- forward -----------------------------------------------------------------------------
     def _logits(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
@@ -80,6 +93,16 @@ class TorchTrainBackend:
 
     # -- RL ----------------------------------------------------------------------------------
     def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
+        metrics = self.critic.train_rollout(batch) if self.critic is not None else {}
+        if self.rollouts_trained >= self.algo.num_critic_only_steps:
+            metrics |= self._train_policy(batch)
+        self.rollouts_trained += 1
+        interval = self.algo.ref_update_interval
+        if interval and self.ref_model is not None and self.rollouts_trained % interval == 0:
+            self.ref_model.load_state_dict(self.model.state_dict())  # slime's --ref-update-interval
+        return metrics
+
+    def _train_policy(self, batch: TrainBatch) -> dict[str, float]:
         steps = self.cfg.num_steps_per_rollout
         gbs = batch.num_samples // steps
         old_later = self._old_log_probs_after_first_step(batch, gbs)
@@ -233,14 +256,20 @@ class TorchTrainBackend:
         self.model.load_state_dict(loaded.state_dict())
 
     def state_dict(self) -> dict:
-        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "rollouts_trained": self.rollouts_trained}
         if self.ref_model is not None:
             state["ref_model"] = self.ref_model.state_dict()
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self.rollouts_trained = state.get("rollouts_trained", 0)
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
         if "ref_model" in state:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
             self.ref_model.load_state_dict(state["ref_model"])
