@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slime_hydra.config.preflight import compose_run, preflight
+from slime_hydra.config.preflight import Composer, check_overrides, compose_run, preflight, validate_composed
 from slime_hydra.config.validate import check
 from slime_hydra.errors import ConfigError
 
@@ -123,3 +123,14 @@ def test_ref_update_interval_needs_a_reference():
                         "algorithm.kl_loss_coef=0.01"]).algorithm.ref_update_interval == 10
     (msg,) = problems_of(["algorithm.ref_update_interval=0", "algorithm.use_kl_loss=true"])
     assert ">= 1 or null" in msg
+
+
+def test_one_sample_per_prompt_turns_std_normalization_off():
+    # REINFORCE++ has no group baseline, so n=1 is valid; GRPO's std normalization has no group std then
+    overrides = ["algorithm=reinforce_plus_plus", "rollout.n_samples_per_prompt=1", "rollout.rollout_batch_size=8",
+                 "train.micro_batch_size=8"]
+    with Composer("config") as composer:
+        cfg, problems = check_overrides(composer, overrides)
+        typed, more, notes = validate_composed(cfg)
+    assert problems == more == [] and typed.algorithm.grpo_std_normalization is False
+    assert any("grpo_std_normalization turned off" in n for n in notes)

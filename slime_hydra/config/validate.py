@@ -84,6 +84,9 @@ def check_values(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
                 "rollout.generation_batch_size", "cluster.rollout_num_gpus_per_engine"):
         if _get(cfg, key) < 1:
             problems.append(f"{key}={_get(cfg, key)} must be >= 1")
+    if r.n_samples_per_prompt == 1 and a.grpo_std_normalization:  # slime: warn and turn it off
+        a.grpo_std_normalization = False
+        notes.append("algorithm.grpo_std_normalization turned off: a group of rollout.n_samples_per_prompt=1 has no std")
     if a.advantage_estimator in GROUP_BASELINE and a.rewards_normalization and r.n_samples_per_prompt < 2:
         problems.append(f"rollout.n_samples_per_prompt={r.n_samples_per_prompt}: {a.advantage_estimator}'s group baseline needs at least "
                         "2 samples per prompt (every advantage would be 0); set rollout.n_samples_per_prompt>=2")
