@@ -284,6 +284,9 @@ def check_agent(cfg: RunConfig, problems: list[str]) -> None:
     if cfg.rollout.max_turns < 1:
         problems.append(f"rollout.max_turns={cfg.rollout.max_turns} must be >= 1")
     check_generate("rollout.custom_generate", cfg.rollout.custom_generate, problems)
+    if cfg.data.tool_key and not cfg.data.apply_chat_template:
+        problems.append(f"data.tool_key={cfg.data.tool_key} reaches the model only through the chat template; "
+                        "set data.apply_chat_template=true or data.tool_key=null")
     check_target("warmstart.custom_sft_samples", cfg.warmstart.custom_sft_samples, 2, problems)
 
 
