@@ -1,0 +1,141 @@
+"""One rollout's batch: over-sampling rounds, rewards, dynamic sampling, abort and partial rollout.
+
+slime's semantics: each round takes `over_sampling_batch_size` groups from the buffer (groups that
+came back first, then fresh prompts), generates them, scores each group as it finishes and runs it
+through `dynamic_sampling_filter`; rounds repeat until `rollout_batch_size` groups have passed. Then
+whatever is still generating is aborted (`RolloutBackend.abort`) and every unused group goes back to
+the buffer: with `partial_rollout` keeping the tokens it has (continued in a later round, the stale
+prefix loss-masked with `mask_offpolicy_in_partial_rollout`), otherwise reset to a fresh prompt.
+A dropped group is consumed, as in slime. Sync and async loops share this function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from slime_hydra.data.buffer import DataBuffer, Group, is_done
+from slime_hydra.rewards.compute import RewardScorer
+from slime_hydra.rollout.base import RolloutBackend
+from slime_hydra.types import Sample, SamplingParams, Status
+
+
+@dataclass
+class RolloutPlan:
+    rollout_batch_size: int
+    over_sampling_batch_size: int
+    dynamic_sampling_filter: Optional[Callable] = None
+    partial_rollout: bool = False
+    mask_offpolicy_in_partial_rollout: bool = False
+
+
+@dataclass
+class Collected:
+    samples: list[Sample]  # rollout_batch_size groups, each contiguous
+    metrics: dict[str, float]
+    dropped: list[tuple[Group, str]]  # for debug dumps
+
+
+def collect_rollout(rollout: RolloutBackend, buffer: DataBuffer, scorer: RewardScorer, sampling: SamplingParams,
+                    plan: RolloutPlan) -> Collected:
+    return asyncio.run(_collect(rollout, buffer, scorer, sampling, plan))
+
+
+async def _collect(rollout, buffer: DataBuffer, scorer: RewardScorer, sampling: SamplingParams, plan: RolloutPlan) -> Collected:
+    kept: list[Group] = []
+    dropped: list[tuple[Group, str]] = []
+    rounds = returned = partial = 0
+    while len(kept) < plan.rollout_batch_size:
+        rounds += 1
+        groups = buffer.get_groups(plan.over_sampling_batch_size)
+        todo = [s for g in groups for s in g if not is_done(s)]
+        first_version = {id(s): s.weight_version for s in todo if s.response_length}  # continued partial samples
+        partial += len(first_version)
+        if plan.mask_offpolicy_in_partial_rollout:
+            for s in todo:
+                if s.response_length and s.weight_version < rollout.weight_version:
+                    s.loss_mask = [0] * s.response_length
+        task = asyncio.ensure_future(rollout.generate(todo, sampling))
+        pending = list(groups)
+        while pending and len(kept) < plan.rollout_batch_size:
+            finished = [g for g in pending if all(is_done(s) for s in g)]
+            for g in finished:
+                if len(kept) >= plan.rollout_batch_size:
+                    break
+                pending.remove(g)
+                for s in g:
+                    if id(s) in first_version:  # staleness is that of the oldest part
+                        s.weight_version = min(s.weight_version, first_version[id(s)])
+                unscored = [s for s in g if s.reward is None]
+                if unscored:
+                    await scorer.score_async(unscored)
+                keep, reason = _judge(plan.dynamic_sampling_filter, g)
+                (kept.append(g) if keep else dropped.append((g, reason)))
+            if len(kept) >= plan.rollout_batch_size:
+                abort(rollout)
+                break
+            if task.done() and not finished:
+                break  # a backend that left samples unfinished without an abort: hand them back below
+            await asyncio.wait({task}, timeout=0.001)
+        await task
+        for g in pending:  # aborted, never started, or surplus: back to the buffer
+            for s in g:
+                if id(s) in first_version:
+                    s.weight_version = min(s.weight_version, first_version[id(s)])
+                if s.status == Status.PENDING and s.response_length:
+                    s.status = Status.ABORTED
+        returned += len(pending)
+        buffer.add_groups(pending, keep_generation=plan.partial_rollout)
+    reasons = Counter(r for _, r in dropped)
+    metrics = {"rollout/dynamic_sampling_rounds": float(rounds), "rollout/dynamic_sampling_dropped": float(len(dropped)),
+               "rollout/returned_groups": float(returned), "rollout/continued_samples": float(partial),
+               "rollout/buffer_groups": float(len(buffer))}
+    metrics |= {f"rollout/dynamic_sampling_dropped_{r}": float(n) for r, n in reasons.items()}
+    return Collected([s for g in kept for s in g], metrics, dropped)
+
+
+def abort(rollout) -> None:
+    """Backends without abort (a wrapper that does not forward it) simply finish the round."""
+    fn = getattr(rollout, "abort", None)
+    if fn is not None:
+        fn()
+
+
+def _judge(fn: Optional[Callable], group: Group) -> tuple[bool, str]:
+    if fn is None:
+        return True, ""
+    out = fn(group)
+    if isinstance(out, tuple):
+        return bool(out[0]), str(out[1])
+    return bool(out), getattr(fn, "__name__", getattr(getattr(fn, "func", None), "__name__", "filter"))
+
+
+def weight_lag_metrics(samples: list[Sample], trained_version: int) -> dict[str, float]:
+    """Staleness: how many weight updates behind the trainer each sample's generating weights are."""
+    lags = [trained_version - s.weight_version for s in samples]
+    return {"rollout/weight_version_lag_mean": sum(lags) / len(lags), "rollout/weight_version_lag_max": float(max(lags))}
+
+
+def rollout_plan(r) -> RolloutPlan:
+    """Typed values of the rollout group (validation filled over_sampling_batch_size in)."""
+    from slime_hydra.config.plugins import load_target
+
+    return RolloutPlan(r.rollout_batch_size, r.over_sampling_batch_size or r.rollout_batch_size,
+                       load_target(r.dynamic_sampling_filter), r.partial_rollout, r.mask_offpolicy_in_partial_rollout)
+
+
+def write_rollout_data(template: str, rollout_id: int, got: Collected) -> None:
+    """save_debug_rollout_data: one line per sample, the trained ones and the dropped ones (with the reason)."""
+    path = Path(template.replace("{rollout_id}", str(rollout_id)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [(s, "") for s in got.samples] + [(s, reason) for g, reason in got.dropped for s in g]
+    with open(path, "w") as f:
+        for s, reason in rows:
+            f.write(json.dumps({"rollout_id": rollout_id, "group_index": s.group_index, "index": s.index, "prompt": s.prompt,
+                                "label": s.label, "response": s.response, "reward": s.reward, "status": s.status.value,
+                                "response_length": s.response_length, "weight_version": s.weight_version,
+                                "loss_mask_sum": sum(s.loss_mask or []), "kept": not reason, "dropped_reason": reason}) + "\n")
