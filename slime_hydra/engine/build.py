@@ -17,6 +17,8 @@ import torch
 from slime_hydra.agent.hook import check_sample_overrides, wrap_rollout
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.data.dataset import Prompt, load_prompts
+from slime_hydra.config.plugins import load_target
+from slime_hydra.data.buffer import DataBuffer
 from slime_hydra.data.source import PromptSource
 from slime_hydra.engine import checkpoint as ckpt
 from slime_hydra.config.validate import eval_datasets
@@ -45,6 +47,12 @@ class Components:
     start_rollout: int = 0
     history: list = field(default_factory=list)
     resumed_from: Optional[Path] = None
+    buffer: Optional[DataBuffer] = None  # None: a first-in first-out buffer over `source`
+    ready: dict = field(default_factory=dict)  # async: finished rollouts restored from a checkpoint, trained first
+
+    def __post_init__(self):
+        if self.buffer is None:
+            self.buffer = DataBuffer(self.source)
 
 
 def pick_device(name: str) -> torch.device:
@@ -113,7 +121,8 @@ def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) 
     rollout = wrap_rollout(build_rollout(cfg, trainer.model, tokenizer), tokenizer, cfg.rollout.custom_generate,
                            cfg.rollout.max_turns, metadatas)
     comps = Components(tokenizer, train_prompts, eval_sets, source, trainer, rollout,
-                       RewardScorer(cfg.reward), tracker, sampling, output_dir=output_dir, resumed_from=resume)
+                       RewardScorer(cfg.reward), tracker, sampling, output_dir=output_dir, resumed_from=resume,
+                       buffer=DataBuffer(source, load_target(cfg.rollout.buffer_filter)))
     if state is not None:
         restore(comps, state)
     return comps
@@ -121,7 +130,7 @@ def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) 
 
 def engine_state(c: Components, rollout_id: int) -> dict:
     return {"rollout_id": rollout_id, "trainer": c.trainer.state_dict(), "rollout": c.rollout.state_dict(),
-            "source": c.source.state_dict(), "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+            "source": c.source.state_dict(), "buffer": c.buffer.state_dict(), "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
             "history": c.history, "tracker_run_id": c.tracker.run_id}
 
 
@@ -129,6 +138,9 @@ def restore(c: Components, state: dict) -> None:
     c.trainer.load_state_dict(state["trainer"])
     c.rollout.load_state_dict(state["rollout"])
     c.source.load_state_dict(state["source"])
+    if "buffer" in state:
+        c.buffer.load_state_dict(state["buffer"])
+    c.ready = {k: state[k] for k in ("async_ready", "async_published_version") if k in state}
     torch.set_rng_state(state["torch_rng"])
     random.setstate(state["python_rng"])
     c.history = list(state["history"])

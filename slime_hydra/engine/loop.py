@@ -14,7 +14,8 @@ from slime_hydra.config.schema import RunConfig
 from slime_hydra.engine import checkpoint as ckpt
 from slime_hydra.engine.build import Components, engine_state
 from slime_hydra.engine.report import Progress
-from slime_hydra.engine.steps import advantages, evaluate, generate, rollout_metrics
+from slime_hydra.engine.collect import collect_rollout, rollout_plan, weight_lag_metrics, write_rollout_data
+from slime_hydra.engine.steps import advantages, evaluate, rollout_metrics
 from slime_hydra.engine.warmstart import warm_start
 
 
@@ -22,19 +23,22 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
     n, pad = cfg.rollout.n_samples_per_prompt, c.tokenizer.pad_token_id
     if c.start_rollout == 0:
         prepare(cfg, c)
-    bar = Progress(cfg.num_rollout, c.start_rollout, cfg.logger.progress_bar)
+    bar, plan = Progress(cfg.num_rollout, c.start_rollout, cfg.logger.progress_bar), rollout_plan(cfg.rollout)
     for rollout_id in range(c.start_rollout, cfg.num_rollout):
         step, t0 = rollout_id + 1, time.perf_counter()
-        samples = generate(c.rollout, c.source, cfg.rollout.rollout_batch_size, c.sampling)  # generate
-        t1 = time.perf_counter()
-        c.scorer.score(samples)  # reward
+        got = collect_rollout(c.rollout, c.buffer, c.scorer, c.sampling, plan)  # generate, reward, dynamic sampling
+        samples, t1 = got.samples, time.perf_counter()
         batch = advantages(samples, cfg.algorithm, n, pad, c.trainer)  # advantages
         t2 = time.perf_counter()
         metrics = c.trainer.train_rollout(batch)  # train
         t3 = time.perf_counter()
-        c.rollout.update_weights(c.trainer.named_weights(), version=step)  # sync weights
+        if due(step, cfg.update_weights_interval, cfg.num_rollout):
+            c.rollout.update_weights(c.trainer.named_weights(), version=step)  # sync weights
         t4 = time.perf_counter()
-        metrics |= rollout_metrics(samples, n) | perf_metrics(samples, t0, t1, t2, t3, t4) | c.scorer.metrics()
+        metrics |= rollout_metrics(samples, n) | got.metrics | weight_lag_metrics(samples, rollout_id) | c.scorer.metrics()
+        metrics |= perf_metrics(samples, t0, t1, t2, t3, t4)
+        if cfg.save_debug_rollout_data:
+            write_rollout_data(cfg.save_debug_rollout_data, rollout_id, got)
         if due(step, cfg.eval.eval_interval, cfg.num_rollout) and c.eval_sets:  # eval
             metrics |= run_eval(cfg, c, step)
         c.tracker.log_metrics(metrics, step)  # log

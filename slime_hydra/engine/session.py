@@ -41,7 +41,7 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_ru
     """Runs and returns the summary (metric -> first/last/max)."""
     from slime_hydra.engine import report
     from slime_hydra.engine.build import build
-    from slime_hydra.engine.loop import run
+    from slime_hydra.engine import async_loop, loop
 
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -57,6 +57,7 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_ru
                         "output_dir": str(out)})
     status = "FAILED"
     try:
+        run = async_loop.run if cfg.train_mode == "async" else loop.run
         history = run(cfg, c, cfg.save or str(out / "checkpoints"))
         summary = report.summarize(history)
         print("\n" + report.summary_table(summary), flush=True)

@@ -48,8 +48,12 @@ class RewardScorer:
         self.time_s = 0.0
 
     def score(self, samples: list[Sample]) -> None:
+        asyncio.run(self.score_async(samples))
+
+    async def score_async(self, samples: list[Sample]) -> None:
+        """`score` from inside a running event loop (the rollout collector scores groups as they finish)."""
         t0 = time.perf_counter()
-        raw = asyncio.run(self._raw(samples))
+        raw = await self._raw(samples)
         for s, r in zip(samples, raw):
             if isinstance(r, dict):
                 s.metadata["reward_dict"] = r

@@ -7,6 +7,7 @@ Left out on purpose: continuous batching and prefix caching (that is what SGLang
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Iterable
 
@@ -25,47 +26,72 @@ class LocalRollout:
         self.device = next(self.model.parameters()).device
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.weight_version = 0
+        self._aborted = False
 
     async def generate(self, samples: list[Sample], sampling: SamplingParams) -> list[Sample]:
+        """A sample with a partial response (status ABORTED) continues from its tokens. Yields to the event
+        loop after every decode step, so a caller can watch samples finish and call `abort()`."""
+        self._aborted = False
         for start in range(0, len(samples), self.generation_batch_size):
-            self._generate_chunk(samples[start : start + self.generation_batch_size], sampling)
+            if self._aborted:
+                break  # the rest were never started: they stay as they are
+            await self._generate_chunk(samples[start : start + self.generation_batch_size], sampling)
         return samples
 
-    @torch.no_grad()
-    def _generate_chunk(self, samples: list[Sample], sp: SamplingParams) -> None:
+    def abort(self) -> None:
+        """Stop the current generate() after its next decode step; unfinished samples keep their partial
+        response with status ABORTED."""
+        self._aborted = True
+
+    async def _generate_chunk(self, samples: list[Sample], sp: SamplingParams) -> None:
+        with torch.no_grad():  # inside: a decorator would not cover a coroutine's body
+            await self._decode(samples, sp)
+
+    async def _decode(self, samples: list[Sample], sp: SamplingParams) -> None:
         from transformers import DynamicCache
 
         B = len(samples)
-        L = max(len(s.prompt_tokens) for s in samples)
+        L = max(len(s.tokens or s.prompt_tokens) for s in samples)
         ids = torch.full((B, L), self.pad_id, dtype=torch.long)
         attn = torch.zeros((B, L), dtype=torch.long)
-        for i, s in enumerate(samples):  # left padding
-            ids[i, L - len(s.prompt_tokens) :] = torch.tensor(s.prompt_tokens)
-            attn[i, L - len(s.prompt_tokens) :] = 1
+        for i, s in enumerate(samples):  # left padding; a partial sample's context is prompt + response so far
+            ctx = s.tokens or s.prompt_tokens
+            ids[i, L - len(ctx) :] = torch.tensor(ctx)
+            attn[i, L - len(ctx) :] = 1
+        budget = torch.tensor([sp.max_new_tokens - s.response_length for s in samples], device=self.device)  # [B]
         ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, L]
         cache = DynamicCache(config=self.model.config)
         logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True).logits[:, -1]
         stop_ids = torch.tensor(sorted(set(sp.stop_token_ids)), dtype=torch.long, device=self.device)
-        finished = torch.zeros(B, dtype=torch.bool, device=self.device)
+        finished = budget <= 0
         out_tokens, out_logps = [], []
-        for _ in range(sp.max_new_tokens):
+        for step in range(int(budget.max().item())):
             tok, logp = sample_tokens(logits, sp.temperature, sp.top_k, sp.top_p, self._gen_for(logits))
             tok = torch.where(finished, torch.full_like(tok, self.pad_id), tok)
             out_tokens.append(tok)
             out_logps.append(logp)
-            finished = finished | torch.isin(tok, stop_ids)
+            newly = ~finished & (torch.isin(tok, stop_ids) | (budget <= step + 1))
             if sp.stop:
-                finished = finished | self._hit_stop_string(out_tokens, finished, sp.stop)
+                newly = newly | self._hit_stop_string(out_tokens, finished, sp.stop)
+            finished = finished | newly
+            rows = newly.nonzero().flatten()
+            if len(rows):  # finish each sample as soon as it is done, so a watcher sees it
+                toks, logps = torch.stack(out_tokens, 1)[rows].tolist(), torch.stack(out_logps, 1)[rows].float().tolist()
+                for i, t, lp in zip(rows.tolist(), toks, logps):
+                    self._finish(samples[i], t, lp, sp, False)
             if bool(finished.all()):
+                break
+            await asyncio.sleep(0)
+            if self._aborted:
                 break
             attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=self.device)], dim=1)
             pos = pos[:, -1:] + 1
             logits = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True).logits[:, -1]
-        toks = torch.stack(out_tokens, 1).cpu()  # [B, R]
-        logps = torch.stack(out_logps, 1).float().cpu()  # [B, R]
-        for i, s in enumerate(samples):
-            self._finish(s, toks[i].tolist(), logps[i].tolist(), set(sp.stop_token_ids), sp.stop)
+        if out_tokens and not bool(finished.all()):  # aborted: keep what each unfinished sample has
+            toks, logps = torch.stack(out_tokens, 1).cpu(), torch.stack(out_logps, 1).float().cpu()  # [B, R]
+            for i in (~finished).nonzero().flatten().tolist():
+                self._finish(samples[i], toks[i].tolist(), logps[i].tolist(), sp, True)
 
     def _gen_for(self, logits: torch.Tensor):
         return self.generator if logits.device.type == "cpu" else None
@@ -75,18 +101,22 @@ class LocalRollout:
         hit = [not f and any(self.tokenizer.decode(r).endswith(st) for st in stops) for r, f in zip(recent, finished.tolist())]
         return torch.tensor(hit, device=finished.device)
 
-    def _finish(self, s: Sample, toks: list[int], logps: list[float], stop_ids: set[int], stops: tuple[str, ...]) -> None:
-        n, status = len(toks), Status.TRUNCATED
+    def _finish(self, s: Sample, toks: list[int], logps: list[float], sp: SamplingParams, aborted: bool) -> None:
+        """Append the new tokens to the sample's response (empty unless it continues a partial one)."""
+        stop_ids, stops = set(sp.stop_token_ids), sp.stop
+        prev = s.response_tokens if s.response_length else []
+        n, status = len(toks), (Status.ABORTED if aborted else Status.TRUNCATED)
         for j, t in enumerate(toks):
-            text_so_far = self.tokenizer.decode(toks[: j + 1]) if stops else ""
+            text_so_far = self.tokenizer.decode(prev + toks[: j + 1]) if stops else ""
             if t in stop_ids or (stops and any(text_so_far.endswith(st) for st in stops)):
                 n, status = j + 1, Status.COMPLETED
                 break
-        s.tokens = list(s.prompt_tokens) + toks[:n]
-        s.response_length = n
-        s.response = self.tokenizer.decode(toks[:n], skip_special_tokens=True)
-        s.rollout_log_probs = logps[:n]
-        s.loss_mask = [1] * n
+        response = prev + toks[:n]
+        s.tokens = list(s.prompt_tokens) + response
+        s.response_length = len(response)
+        s.response = self.tokenizer.decode(response, skip_special_tokens=True)
+        s.rollout_log_probs = list(s.rollout_log_probs or [])[: len(prev)] + logps[:n]
+        s.loss_mask = list(s.loss_mask or [1] * len(prev))[: len(prev)] + [1] * n
         s.status = status
         s.weight_version = self.weight_version
 
