@@ -273,6 +273,9 @@ class TrainConfig:
     # Leave samples whose advantages are all zero out of the backward pass. Exact when no term of the
     # loss (KL, entropy) depends on them; validation turns it off otherwise.
     skip_zero_advantage_samples: bool = True
+    # Run each distinct prompt once per micro-batch and share its activations (KV) with the group's
+    # samples: the same loss and gradients as the plain forward, fewer FLOPs (training/prefix.py).
+    prefix_sharing: bool = True
 
 
 @dataclass

@@ -1,0 +1,353 @@
+"""The megatron TrainBackend: same Protocol, batch split, old log-probs and loss functions as train=torch.
+
+One rollout gives `num_steps_per_rollout` optimizer steps; a step's kept samples are split into
+micro-batches that megatron's pipeline schedule (get_forward_backward_func) runs. Each
+micro-batch's loss is divided by the whole step's denominator (algorithms.losses.step_denominator),
+and megatron is told to sum, not average (calculate_per_token_loss, gradients summed over DP, no
+division by the micro-batch count), so a step's gradient equals the torch backend's for any
+TP/PP/DP layout. The micro-batch loss below composes the same pure functions as the torch
+backend (PPO-clip / GSPO / CISPO, TIS, KL loss, entropy, aggregation); only the log-probs differ
+in how they are computed (vocab-parallel, chunked: logprobs.py).
+Left out: context parallelism (the SDPA core attention is single-rank along the sequence),
+MoE / MLA weight conversion (convert.py), megatron distributed checkpoints (resume goes through
+the HF weights plus the optimizer state in state.pt, as train=torch does).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from functools import partial
+from pathlib import Path
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from slime_hydra.algorithms import losses as L
+from slime_hydra.algorithms import surrogates as S
+from slime_hydra.config.plugins import load_target
+from slime_hydra.config.schema import AlgorithmConfig, ModelConfig, ParallelismConfig, TrainConfig
+from slime_hydra.training.base import TrainBatch
+from slime_hydra.training.megatron import convert
+from slime_hydra.training.megatron.logprobs import vocab_parallel_logprobs
+from slime_hydra.training.megatron.model import DTYPES, build_gpt, padded_vocab_size, transformer_config
+from slime_hydra.training.megatron.parallel import init_parallel
+from slime_hydra.training.schedule import lr_multiplier
+
+
+class MegatronTrainBackend:
+    def __init__(self, hf_weights, hf_config, model: ModelConfig, parallel: ParallelismConfig, algorithm: AlgorithmConfig,
+                 train: TrainConfig, temperature: float, total_steps: int, device: torch.device, seed: int = 1234,
+                 max_response_len: Optional[int] = None, sdpa: bool = True):
+        """hf_weights: HF name -> tensor (a state dict or convert.SafetensorsDir); hf_config: its transformers config."""
+        problems = convert.check_convertible(model)
+        if problems:
+            raise ValueError(problems[0])
+        init_parallel(parallel, seed, "nccl" if device.type == "cuda" else "gloo")
+        self.mcfg, self.pcfg, self.algo, self.cfg = model, parallel, algorithm, train
+        self.hf_config, self.device, self.temperature, self.total_steps = hf_config, device, temperature, total_steps
+        self.max_response_len = max_response_len
+        self.vocab = hf_config.vocab_size
+        self.custom_loss = load_target(algorithm.custom_loss)
+        self.config = transformer_config(model, parallel)
+        self.sdpa = sdpa
+        gpt = self._new_gpt()
+        self._load(gpt, hf_weights)
+        self.gpt = gpt
+        self.config.finalize_model_grads_func = lambda chunks, num_tokens=None, **kw: finalize_model_grads(chunks, None, **kw)
+        self.ddp = DistributedDataParallel(self.config, DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, use_distributed_optimizer=parallel.use_distributed_optimizer), module=gpt)
+        self.optimizer = self._optimizer(train.lr, train.weight_decay)
+        self.lr_at = lr_multiplier(train.lr_decay_style, train.lr_warmup_iters, total_steps, train.lr, train.min_lr)
+        self.steps_done = 0
+        self.ref: Optional[torch.nn.Module] = None
+        self._sft_optimizer = None
+
+    # -- construction ------------------------------------------------------------------------
+    def _new_gpt(self) -> torch.nn.Module:
+        gpt = build_gpt(self.mcfg, self.config, self.vocab, self.sdpa)
+        return gpt.to(self.device)
+
+    @property
+    def _layout(self) -> dict:
+        n_local = self.mcfg.num_layers // ps.get_pipeline_model_parallel_world_size()
+        return dict(layer_offset=ps.get_pipeline_model_parallel_rank() * n_local, num_local_layers=n_local,
+                    pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage())
+
+    def _load(self, gpt: torch.nn.Module, hf_weights) -> None:
+        tp = ps.get_tensor_model_parallel_world_size()
+        shard = convert.hf_to_megatron(hf_weights, self.mcfg, tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=tp,
+                                       v_pad=padded_vocab_size(self.vocab, tp), **self._layout)
+        own = gpt.state_dict()
+        missing = sorted(k for k in own if k not in shard and not k.endswith("_extra_state"))
+        if missing:
+            raise KeyError(f"HF->Megatron conversion left {missing[:4]} unset")
+        with torch.no_grad():
+            for k, t in shard.items():
+                own[k].copy_(t.to(own[k].dtype))
+
+    def _optimizer(self, lr: float, weight_decay: float):
+        dtype = DTYPES[self.mcfg.dtype]
+        c = self.cfg
+        oc = OptimizerConfig(optimizer="adam", lr=lr, min_lr=c.min_lr, weight_decay=weight_decay, adam_beta1=c.adam_beta1,
+                             adam_beta2=c.adam_beta2, adam_eps=c.adam_eps, clip_grad=c.clip_grad if c.clip_grad > 0 else 0.0,
+                             bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype,
+                             use_distributed_optimizer=self.pcfg.use_distributed_optimizer)
+        return get_megatron_optimizer(oc, [self.ddp])
+
+    def freeze_reference(self) -> None:
+        """Snapshot the current weights as the KL reference (after any warm start)."""
+        if self.algo.use_kl_loss or self.algo.kl_coef != 0:
+            self.ref = self._new_gpt().eval().requires_grad_(False)
+            self.ref.load_state_dict(self.gpt.state_dict())
+
+    # -- forward -----------------------------------------------------------------------------
+    def _pad_len(self, t: int) -> int:
+        tp = ps.get_tensor_model_parallel_world_size() if self.pcfg.sequence_parallel else 1
+        return -(-t // tp) * tp
+
+    def _run(self, model, mbs: list[TrainBatch], loss_fn, forward_only: bool) -> list[dict]:
+        """Micro-batches through megatron's schedule; returns the last stage's per-micro-batch dicts."""
+        if not mbs:
+            return []
+        t = self._pad_len(max(mb.input_ids.shape[1] for mb in mbs)) if ps.get_pipeline_model_parallel_world_size() > 1 else None
+
+        def step(data_iter, chunk):
+            mb = next(data_iter)
+            ids = mb.input_ids.to(self.device)
+            width = t or self._pad_len(ids.shape[1])
+            if width > ids.shape[1]:
+                ids = torch.nn.functional.pad(ids, (0, width - ids.shape[1]), value=0)
+            pos = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
+            out = chunk(input_ids=ids, position_ids=pos, attention_mask=None)
+            return out, partial(loss_fn, mb)
+
+        return get_forward_backward_func()(
+            forward_step_func=step, data_iterator=iter(mbs), model=[model], num_microbatches=len(mbs),
+            seq_length=t or max(mb.input_ids.shape[1] for mb in mbs), micro_batch_size=mbs[0].num_samples,
+            forward_only=forward_only) or []
+
+    def _logp(self, mb: TrainBatch, logits: torch.Tensor, with_entropy: bool):
+        T = mb.loss_mask.shape[1]
+        targets = mb.input_ids[:, 1:].to(self.device)
+        return vocab_parallel_logprobs(logits[:, :T], targets, self.vocab, self.temperature, with_entropy)  # [n, T] x2
+
+    def _micro_batches(self, batch: TrainBatch, idx: torch.Tensor) -> list[TrainBatch]:
+        return [batch.select(idx[s : s + self.cfg.micro_batch_size]) for s in range(0, len(idx), self.cfg.micro_batch_size)]
+
+    def _broadcast_last_stage(self, out: torch.Tensor) -> torch.Tensor:
+        if ps.get_pipeline_model_parallel_world_size() > 1:
+            out = out.to(self.device)
+            dist.broadcast(out, ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group())
+        return out.cpu()
+
+    @torch.no_grad()
+    def compute_log_probs(self, batch: TrainBatch, model=None, temperature: Optional[float] = None) -> torch.Tensor:
+        """[N, T] log-probs of every target under `model` (default: the policy), by micro-batch."""
+        model = model or self.ddp
+        model.eval()
+        mbs = self._micro_batches(batch, torch.arange(batch.num_samples))
+
+        def loss_fn(mb, logits):
+            lp, _ = self._logp(mb, logits, with_entropy=False)
+            return logits.sum() * 0, torch.tensor(1), {"logp": lp.float()}
+
+        outs = self._run(model, mbs, loss_fn, forward_only=True)
+        res = torch.zeros_like(batch.loss_mask)
+        row = 0
+        for mb, o in zip(mbs, outs):
+            lp = o["logp"].cpu()
+            res[row : row + mb.num_samples, : lp.shape[1]] = lp
+            row += mb.num_samples
+        model.train()
+        return self._broadcast_last_stage(res)
+
+    @torch.no_grad()
+    def reward_kl(self, batch: TrainBatch) -> torch.Tensor:
+        if self.ref is None:
+            raise RuntimeError("reward_kl needs the reference model: call freeze_reference() first (algorithm.kl_coef != 0)")
+        old = batch.rollout_log_probs if self.algo.use_rollout_logprobs else self.compute_log_probs(batch)
+        ref = self.compute_log_probs(batch, self.ref)
+        return L.kl_estimate(old, ref, self.algo.kl_loss_type) * batch.loss_mask  # [N, T]
+
+    # -- RL ----------------------------------------------------------------------------------
+    def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
+        steps = self.cfg.num_steps_per_rollout
+        gbs = batch.num_samples // steps
+        old_later = None
+        if steps > 1 and not self.algo.use_rollout_logprobs:
+            later = self.compute_log_probs(batch.select(torch.arange(gbs, batch.num_samples)))
+            old_later = torch.zeros_like(batch.loss_mask)
+            old_later[gbs:, : later.shape[1]] = later
+        sums: dict[str, float] = defaultdict(float)
+        for step in range(steps):
+            idx = torch.arange(step * gbs, (step + 1) * gbs)
+            for k, v in self._train_step(batch, idx, old_later if step > 0 else None).items():
+                sums[k] += v / steps
+        return dict(sums)
+
+    def _train_step(self, batch: TrainBatch, idx: torch.Tensor, old_all: Optional[torch.Tensor]) -> dict[str, float]:
+        mode = self.algo.loss_aggregation
+        denom = L.step_denominator([batch.loss_mask[idx]], mode, self.max_response_len)
+        keep = idx[(batch.advantages[idx] != 0).any(-1)] if self.cfg.skip_zero_advantage_samples else idx
+        metric_mode = L.metric_aggregation(mode)
+        metric_denom = max(1.0, L.step_denominator([batch.loss_mask[keep]], metric_mode))
+        mb_idx = [keep[s : s + self.cfg.micro_batch_size] for s in range(0, len(keep), self.cfg.micro_batch_size)]
+        mbs = [batch.select(i) for i in mb_idx]
+        for mb, i in zip(mbs, mb_idx):
+            mb.idx = i  # the rows of old_all this micro-batch reads
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        outs = self._run(self.ddp, mbs, partial(self._loss, old_all=old_all, denom=denom, metric_mode=metric_mode,
+                                               metric_denom=metric_denom), forward_only=False)
+        m: dict[str, float] = defaultdict(float)
+        for o in outs:
+            for k, v in o.items():
+                m[f"train/{k}"] += float(v)
+        m["train/grad_norm"] = self._optimizer_step(self.optimizer, self.lr_at(self.steps_done) * self.cfg.lr)
+        self.steps_done += 1
+        m["train/lr"] = self.lr_at(self.steps_done) * self.cfg.lr
+        m["train/kept_samples"] = float(len(keep))
+        return dict(m)
+
+    def _optimizer_step(self, optimizer, lr: float) -> float:
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        _, grad_norm, _ = optimizer.step()
+        return float(grad_norm or 0.0)
+
+    def _loss(self, mb: TrainBatch, logits: torch.Tensor, old_all, denom: float, metric_mode: str, metric_denom: float):
+        """One micro-batch on the last stage: (loss, 1, metrics). Mirrors TorchTrainBackend._micro_batch_loss."""
+        a, mode = self.algo, self.algo.loss_aggregation
+        mask, adv = mb.loss_mask.to(self.device), mb.advantages.to(self.device)
+        logp, ent = self._logp(mb, logits, with_entropy=bool(a.entropy_coef))  # [n, T]
+        if a.use_rollout_logprobs:
+            old = mb.rollout_log_probs.to(self.device, logp.dtype)
+        elif old_all is not None:
+            old = old_all[mb.idx, : logp.shape[1]].to(self.device, logp.dtype)
+        else:
+            old = logp.detach()
+        pg_tok, clipped, ppo_kl = self._surrogate(logp, old, adv, mask)
+        per_token = {"pg_clipfrac": clipped, "ppo_kl": ppo_kl, "entropy": ent}
+        rollout_lp = mb.rollout_log_probs.to(self.device) if mb.rollout_log_probs is not None else None
+        if a.use_tis:
+            w, per_token["tis_clipfrac"] = S.tis_weights(old, rollout_lp, a.tis_clip_low, a.tis_clip)
+            pg_tok = pg_tok * w
+        pg_loss = L.aggregate(pg_tok, mask, mode, denom)
+        scalars = {"pg_loss": pg_loss}
+        loss = pg_loss - a.entropy_coef * L.aggregate(ent, mask, mode, denom) if a.entropy_coef else pg_loss
+        if a.use_kl_loss:
+            ref = self._ref_logp(mb)
+            kl = L.unbiased_kl_estimate(logp, ref, old, a.kl_loss_type) if a.use_unbiased_kl else L.kl_estimate(logp, ref, a.kl_loss_type)
+            scalars["kl_loss"] = L.aggregate(kl, mask, mode, denom)
+            loss = loss + a.kl_loss_coef * scalars["kl_loss"]
+        scalars["loss"] = loss
+        if rollout_lp is not None:
+            per_token["rollout_logprob_abs_diff"] = ((logp.detach() if a.use_rollout_logprobs else old) - rollout_lp).abs()
+        metrics = {k: v.detach() for k, v in scalars.items()}
+        metrics |= {k: L.aggregate(t.detach(), mask, metric_mode, metric_denom) for k, t in per_token.items()}
+        return loss, torch.tensor(1, device=self.device), metrics
+
+    def _ref_logp(self, mb: TrainBatch) -> torch.Tensor:
+        """Reference log-probs of one micro-batch (the reference runs whole on this stage only when PP=1)."""
+        if ps.get_pipeline_model_parallel_world_size() > 1:
+            raise NotImplementedError("algorithm.use_kl_loss with pipeline_model_parallel_size>1 is not supported yet")
+        with torch.no_grad():
+            ids = mb.input_ids.to(self.device)
+            w = self._pad_len(ids.shape[1])
+            ids = torch.nn.functional.pad(ids, (0, w - ids.shape[1]))
+            pos = torch.arange(w, device=self.device).expand_as(ids)
+            return self._logp(mb, self.ref(input_ids=ids, position_ids=pos, attention_mask=None), False)[0]
+
+    def _surrogate(self, logp, old, adv, mask):
+        a = self.algo
+        if self.custom_loss is not None:
+            return self.custom_loss(logp, old, adv, mask), torch.zeros_like(logp), old - logp
+        if a.advantage_estimator == "gspo":
+            return S.gspo_loss(logp, old, adv, mask, a.eps_clip, a.eps_clip_high, a.eps_clip_c)
+        if a.advantage_estimator == "cispo":
+            return S.cispo_loss(logp, old, adv, a.eps_clip, a.eps_clip_high)
+        return L.ppo_clip_loss(logp, old, adv, a.eps_clip, a.eps_clip_high, a.eps_clip_c)
+
+    # -- SFT warm start ----------------------------------------------------------------------
+    def sft_step(self, batch: TrainBatch, lr: float) -> float:
+        if self._sft_optimizer is None:
+            self._sft_optimizer = self._optimizer(lr, 0.0)
+        mode = L.metric_aggregation(self.algo.loss_aggregation)
+        denom = L.step_denominator([batch.loss_mask], mode)
+
+        def loss_fn(mb, logits):
+            lp, _ = self._logp(mb, logits, with_entropy=False)
+            loss = L.aggregate(L.sft_token_loss(lp), mb.loss_mask.to(self.device), mode, denom)
+            return loss, torch.tensor(1, device=self.device), {"loss": loss.detach()}
+
+        self.ddp.zero_grad_buffer()
+        self._sft_optimizer.zero_grad()
+        outs = self._run(self.ddp, self._micro_batches(batch, torch.arange(batch.num_samples)), loss_fn, forward_only=False)
+        self._optimizer_step(self._sft_optimizer, lr)
+        return sum(float(o["loss"]) for o in outs)
+
+    def end_warm_start(self) -> None:
+        self._sft_optimizer = None
+        self.ddp.zero_grad_buffer()
+
+    # -- weights and state -------------------------------------------------------------------
+    def _gather(self, t: torch.Tensor, dim: int) -> torch.Tensor:
+        tp = ps.get_tensor_model_parallel_world_size()
+        if tp == 1:
+            return t
+        parts = [torch.empty_like(t) for _ in range(tp)]
+        dist.all_gather(parts, t.contiguous(), group=ps.get_tensor_model_parallel_group())
+        return torch.cat(parts, dim=dim)
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF names and full (TP-gathered) tensors of this pipeline stage's weights."""
+        local = {k: v.detach() for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")}
+        yield from convert.megatron_to_hf(local, self.mcfg, gather=self._gather, tp_size=ps.get_tensor_model_parallel_world_size(),
+                                          vocab_size=self.vocab, **self._layout)
+
+    def save_hf(self, path: str, tokenizer=None) -> None:
+        """config.json + safetensors (one file per pipeline stage, with an index when PP>1) + tokenizer."""
+        from safetensors.torch import save_file
+
+        weights = {k: v.cpu().contiguous() for k, v in self.named_weights()}  # every TP rank joins the gather
+        pp, stage = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
+        writer = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
+        out = Path(path)
+        name = "model.safetensors" if pp == 1 else f"model-{stage + 1:05d}-of-{pp:05d}.safetensors"
+        if writer:
+            out.mkdir(parents=True, exist_ok=True)
+            save_file(weights, str(out / name), metadata={"format": "pt"})
+        if pp > 1:
+            maps = [None] * pp
+            dist.all_gather_object(maps, {k: name for k in weights} if writer else {}, group=ps.get_pipeline_model_parallel_group())
+            if writer and stage == 0:
+                index = {"metadata": {}, "weight_map": {k: f for m in maps for k, f in m.items()}}
+                (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+        if writer and stage == 0:
+            self.hf_config.save_pretrained(str(out))
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(out))
+        if dist.get_world_size() > 1:
+            dist.barrier()
+
+    def state_dict(self) -> dict:
+        if self.pcfg.use_distributed_optimizer:
+            raise NotImplementedError("parallelism.use_distributed_optimizer=true: optimizer state needs megatron's "
+                                      "distributed checkpointing, which this backend does not write yet")
+        state = {"optimizer": self.optimizer.state_dict(), "steps_done": self.steps_done}
+        if self.ref is not None:
+            state["ref_model"] = self.ref.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps_done = state["steps_done"]
+        if "ref_model" in state:
+            self.ref = self._new_gpt().eval().requires_grad_(False)
+            self.ref.load_state_dict(state["ref_model"])

@@ -1,0 +1,76 @@
+"""Validation of the model / parallelism groups for train.backend=megatron (no megatron import).
+
+Run by config/validate.py before anything is built: each problem names the key and the fix.
+"""
+
+from __future__ import annotations
+
+from slime_hydra.config.schema import RunConfig
+
+
+def check_model(cfg: RunConfig, problems: list[str]) -> None:
+    """Shape rules of a model option, whatever the backend (the zoo must stay self-consistent)."""
+    from slime_hydra.models.hf_check import moe_layer_pattern
+
+    m = cfg.model
+    if not m.multi_latent_attention and m.num_attention_heads % m.num_query_groups:
+        problems.append(f"model.num_query_groups={m.num_query_groups} must divide model.num_attention_heads={m.num_attention_heads}")
+    if m.num_experts is not None:
+        try:
+            pattern = moe_layer_pattern(m.moe_layer_freq, m.num_layers)
+        except ValueError as e:
+            problems.append(f"model.{e}")
+        else:
+            if len(pattern) != m.num_layers:
+                problems.append(f"model.moe_layer_freq={m.moe_layer_freq!r} gives {len(pattern)} layers but model.num_layers="
+                                f"{m.num_layers}; give one 0/1 per layer")
+        if m.moe_ffn_hidden_size is None:
+            problems.append("model.num_experts is set but model.moe_ffn_hidden_size is not; set it (HF moe_intermediate_size)")
+        if not 1 <= m.moe_router_topk <= m.num_experts:
+            problems.append(f"model.moe_router_topk={m.moe_router_topk} must be in [1, model.num_experts={m.num_experts}]")
+    if m.normalization not in ("RMSNorm", "LayerNorm"):
+        problems.append(f"model.normalization={m.normalization!r} is not one of ['RMSNorm', 'LayerNorm']")
+
+
+def check_megatron(cfg: RunConfig, problems: list[str]) -> None:
+    """Parallel layout against the model, recompute keys, and the HF checkpoint's config.json."""
+    m, p = cfg.model, cfg.parallelism
+    tp, pp, cp, ep = (p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size,
+                      p.expert_model_parallel_size)
+    for key, v in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp), ("context_parallel_size", cp),
+                   ("expert_model_parallel_size", ep)):
+        if v < 1:
+            problems.append(f"parallelism.{key}={v} must be >= 1")
+    if min(tp, pp, cp, ep) < 1:
+        return
+    if m.num_attention_heads % tp:
+        problems.append(f"parallelism.tensor_model_parallel_size={tp} must divide model.num_attention_heads={m.num_attention_heads}")
+    if not m.multi_latent_attention and m.num_query_groups % tp:
+        problems.append(f"parallelism.tensor_model_parallel_size={tp} must divide model.num_query_groups={m.num_query_groups}")
+    if m.num_layers % pp:
+        problems.append(f"parallelism.pipeline_model_parallel_size={pp} must divide model.num_layers={m.num_layers}")
+    if cp > 1:
+        problems.append(f"parallelism.context_parallel_size={cp}: context parallelism needs Transformer Engine's attention, "
+                        "which this backend does not use; set parallelism.context_parallel_size=1")
+    if ep > 1 and (m.num_experts is None or m.num_experts % ep):
+        problems.append(f"parallelism.expert_model_parallel_size={ep} must divide model.num_experts={m.num_experts}; "
+                        "set it to 1 for a dense model")
+    if p.sequence_parallel and tp == 1:
+        problems.append("parallelism.sequence_parallel=true needs parallelism.tensor_model_parallel_size>1; set it false")
+    if p.recompute_granularity not in (None, "full", "selective"):
+        problems.append(f"parallelism.recompute_granularity={p.recompute_granularity!r} is not one of [null, 'full', 'selective']")
+    if p.recompute_activations and p.recompute_granularity not in (None, "selective"):
+        problems.append("parallelism.recompute_activations=true means recompute_granularity=selective; drop one of them")
+    if p.recompute_granularity == "full":
+        if p.recompute_method not in ("uniform", "block") or not p.recompute_num_layers:
+            problems.append("parallelism.recompute_granularity=full needs parallelism.recompute_method=uniform|block and "
+                            "parallelism.recompute_num_layers>=1")
+    elif p.recompute_method is not None or p.recompute_num_layers is not None:
+        problems.append("parallelism.recompute_method / recompute_num_layers apply only with parallelism.recompute_granularity=full")
+    from slime_hydra.training.megatron.convert import check_convertible
+
+    problems += check_convertible(m)
+    if m.hf_checkpoint:
+        from slime_hydra.models.hf_check import check_hf_config
+
+        problems += check_hf_config(m, m.hf_checkpoint)

@@ -1,0 +1,107 @@
+"""TransformerConfig + layer spec + GPTModel from the typed model / parallelism groups.
+
+The layer spec is megatron's local (Transformer-Engine-free) spec with the core attention
+replaced by torch's fused scaled_dot_product_attention (flash / cuDNN / memory-efficient kernels
+on Hopper; the math kernel on CPU) instead of megatron's unfused baddbmm + softmax. Sequences are
+right-padded and attention is causal, so real tokens never attend to padding and no mask tensor
+is needed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state as ps
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+from slime_hydra.config.schema import ModelConfig, ParallelismConfig
+from slime_hydra.models.hf_check import moe_layer_pattern
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class SDPAttention(DotProductAttention):
+    """Core attention through F.scaled_dot_product_attention; [s, b, heads, dim] in, [s, b, hidden] out."""
+
+    def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        assert packed_seq_params is None and attention_bias is None, "SDPAttention takes neither packed sequences nor a bias"
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, dim]
+        if q.shape[1] != k.shape[1]:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
+                                             dropout_p=self.config.attention_dropout if self.training else 0.0)
+        return out.permute(2, 0, 1, 3).reshape(out.shape[2], out.shape[0], -1)  # [s, b, heads*dim]
+
+
+def padded_vocab_size(vocab: int, tp: int, multiple: int = 128) -> int:
+    """megatron's make-vocab-size-divisible-by: a multiple of `multiple` × TP (rows past `vocab` are masked)."""
+    m = multiple * tp if vocab >= multiple * tp else tp
+    return -(-vocab // m) * m
+
+
+def transformer_config(m: ModelConfig, p: ParallelismConfig, world_pp_dtype=None) -> TransformerConfig:
+    dtype = DTYPES[m.dtype]
+    granularity = p.recompute_granularity or ("selective" if p.recompute_activations else None)
+    kw = dict(
+        num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups, kv_channels=m.kv_channels,
+        normalization=m.normalization, layernorm_epsilon=m.norm_epsilon, gated_linear_unit=m.swiglu,
+        activation_func=F.silu if m.swiglu else F.gelu, add_bias_linear=False, add_qkv_bias=m.add_qkv_bias,
+        qk_layernorm=m.qk_layernorm, rotary_interleaved=m.rotary_interleaved, hidden_dropout=0.0, attention_dropout=0.0,
+        init_method_std=m.init_std,
+        tensor_model_parallel_size=p.tensor_model_parallel_size, pipeline_model_parallel_size=p.pipeline_model_parallel_size,
+        context_parallel_size=p.context_parallel_size, expert_model_parallel_size=p.expert_model_parallel_size,
+        sequence_parallel=p.sequence_parallel, params_dtype=dtype, pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+        recompute_granularity=granularity, recompute_method=p.recompute_method, recompute_num_layers=p.recompute_num_layers,
+        # each micro-batch's loss is already divided by its step's denominator: sum, never average
+        calculate_per_token_loss=True, variable_seq_lengths=True,
+        # fused kernels of Apex / TE are absent: the plain torch paths
+        bias_activation_fusion=False, masked_softmax_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
+        persist_layer_norm=False, gradient_accumulation_fusion=False,
+        moe_token_dispatcher_type="alltoall",  # dense: unused, but allgather refuses variable_seq_lengths
+    )
+    if m.num_experts:
+        kw |= dict(num_moe_experts=m.num_experts, moe_ffn_hidden_size=m.moe_ffn_hidden_size, moe_router_topk=m.moe_router_topk,
+                   moe_layer_freq=moe_layer_pattern(m.moe_layer_freq, m.num_layers),
+                   moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size,
+                   moe_router_score_function=m.moe_router_score_function, moe_router_pre_softmax=m.moe_router_pre_softmax,
+                   moe_router_enable_expert_bias=m.moe_router_enable_expert_bias, moe_router_num_groups=m.moe_router_num_groups,
+                   moe_router_group_topk=m.moe_router_group_topk, moe_router_topk_scaling_factor=m.moe_router_topk_scaling_factor,
+                   moe_router_load_balancing_type=m.moe_router_load_balancing_type, moe_aux_loss_coeff=m.moe_aux_loss_coeff,
+                   moe_grouped_gemm=m.moe_grouped_gemm, moe_token_dispatcher_type=m.moe_token_dispatcher_type,
+                   moe_router_dtype="fp32")
+    if m.multi_latent_attention:
+        return MLATransformerConfig(**kw, q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank, qk_head_dim=m.qk_head_dim,
+                                    qk_pos_emb_head_dim=m.qk_pos_emb_head_dim, v_head_dim=m.v_head_dim, rotary_base=m.rotary_base,
+                                    rotary_scaling_factor=m.rotary_scaling_factor, mscale=m.mscale, mscale_all_dim=m.mscale_all_dim,
+                                    max_position_embeddings=m.max_position_embeddings, rope_type="yarn")
+    return TransformerConfig(**kw)
+
+
+def layer_spec(m: ModelConfig, sdpa: bool = True):
+    spec = get_gpt_layer_local_spec(num_experts=m.num_experts, moe_grouped_gemm=m.moe_grouped_gemm,
+                                    qk_layernorm=m.qk_layernorm, multi_latent_attention=m.multi_latent_attention,
+                                    normalization=m.normalization)
+    if sdpa:
+        spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    return spec
+
+
+def build_gpt(m: ModelConfig, config: TransformerConfig, vocab_size: int, sdpa: bool = True) -> GPTModel:
+    """This rank's pipeline stage of the model (weights randomly initialised; convert.load_hf fills them)."""
+    return GPTModel(
+        config=config, transformer_layer_spec=layer_spec(m, sdpa),
+        vocab_size=padded_vocab_size(vocab_size, ps.get_tensor_model_parallel_world_size()),
+        max_sequence_length=m.max_position_embeddings,
+        pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=not m.untie_embeddings_and_output_weights,
+        position_embedding_type="yarn" if m.multi_latent_attention else "rope",
+        rotary_percent=m.rotary_percent, rotary_base=int(m.rotary_base),
+        rope_scaling=m.use_rope_scaling, rope_scaling_factor=m.rotary_scaling_factor,
+    )
