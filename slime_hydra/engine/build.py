@@ -86,9 +86,15 @@ def build_eval_sets(cfg: RunConfig, tokenizer, sampling: SamplingParams) -> dict
 
 
 def build_trainer(cfg: RunConfig, model: torch.nn.Module, device: torch.device) -> TrainBackend:
+    total_steps = cfg.num_rollout * cfg.train.num_steps_per_rollout
+    if cfg.train.backend == "megatron":  # GPTModel initialised from the HF model's weights (the rollout keeps the HF model)
+        from slime_hydra.training.megatron.backend import MegatronTrainBackend
+
+        return MegatronTrainBackend(model.state_dict(), model.config, cfg.model, cfg.parallelism, cfg.algorithm, cfg.train,
+                                    cfg.rollout.rollout_temperature, total_steps, device, seed=cfg.seed,
+                                    max_response_len=cfg.rollout.rollout_max_response_len)
     from slime_hydra.training.torch_backend import TorchTrainBackend
 
-    total_steps = cfg.num_rollout * cfg.train.num_steps_per_rollout
     return TorchTrainBackend(model, cfg.algorithm, cfg.train, cfg.rollout.rollout_temperature, total_steps, device,
                              max_response_len=cfg.rollout.rollout_max_response_len)
 
@@ -118,7 +124,7 @@ def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) 
     state = ckpt.load_state(resume) if resume else None
     tracker = build_tracker(cfg.logger, cfg.experiment_name, output_dir, resume_run_id=(state or {}).get("tracker_run_id"),
                             parent_run_id=parent_run_id)
-    rollout = wrap_rollout(build_rollout(cfg, trainer.model, tokenizer), tokenizer, cfg.rollout.custom_generate,
+    rollout = wrap_rollout(build_rollout(cfg, model, tokenizer), tokenizer, cfg.rollout.custom_generate,
                            cfg.rollout.max_turns, metadatas)
     comps = Components(tokenizer, train_prompts, eval_sets, source, trainer, rollout,
                        RewardScorer(cfg.reward), tracker, sampling, output_dir=output_dir, resumed_from=resume,
