@@ -150,8 +150,12 @@ def test_token_in_token_out_with_the_local_backend():
         model.lm_head.weight[TOK.convert_tokens_to_ids("</tool_call>")] *= 0
         model.model.embed_tokens.weight[TOK.convert_tokens_to_ids("</tool_call>")] += 0.05
     backend = Recording(model, TOK, seed=0)
-    samples = run(backend, [f"{a}*{b}=" for a in range(10, 14) for b in range(10, 14)], max_turns=4, max_new=60)
+    samples = run(backend, [f"{a}*{b}=" for a in range(10, 14) for b in range(10, 14)], max_turns=4, max_new=60,
+                  env=f"{HERE}.Sleepy")
     assert max(s.metadata["turns"] for s in samples) >= 2
+    # tools that return at different times sent later turns while a backend call ran; calls were serialised,
+    # so the local backend's no_grad blocks never interleaved and left autograd off for the trainer
+    assert torch.is_grad_enabled()
     by_prefix = {}
     for inp, out in backend.calls:
         by_prefix.setdefault(tuple(inp[:6]), []).append((inp, out))
@@ -163,6 +167,16 @@ def test_token_in_token_out_with_the_local_backend():
             assert s.tokens[: len(inp)] == inp and s.tokens[len(inp): len(inp) + len(out)] == out
         assert s.tokens == calls[-1][0] + calls[-1][1]
         assert len(s.loss_mask) == len(s.rollout_log_probs) == s.response_length <= 60
+
+
+class Sleepy:
+    """A tool that answers after 0-20 ms, so samples come back from it at different times."""
+
+    def reset(self, sample): pass
+
+    def step(self, call):
+        time.sleep(0.002 * (len(call) % 11))
+        return StepResult("1")
 
 
 class Raising:

@@ -107,6 +107,9 @@ class BatchedGenerate:
 
     Requests that differ only in max_new_tokens share one backend call with the largest budget, each cut
     to its own afterwards (sampling the first n tokens of a longer continuation is sampling n tokens).
+    One backend call runs at a time: requests that arrive meanwhile (hooks back from a slow tool) make the
+    next batch. That also keeps a backend's thread-global state (torch's grad mode, set by a `no_grad`
+    block around an await) from being interleaved by two of its calls.
     """
 
     def __init__(self, backend):
@@ -114,6 +117,7 @@ class BatchedGenerate:
         self.pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
         self.collecting = False
         self.tasks: set[asyncio.Task] = set()
+        self.lock = asyncio.Lock()
         self.backend_calls = 0
 
     async def __call__(self, tokens: list[int], sampling: SamplingParams) -> Completion:
@@ -127,16 +131,18 @@ class BatchedGenerate:
         return await fut
 
     async def _flush(self) -> None:
-        seen, stable = -1, 0
-        while stable < 2:  # let every hook that is ready queue its request first
-            stable = stable + 1 if len(self.pending) == seen else 0
-            seen = len(self.pending)
-            await asyncio.sleep(0)
-        batch, self.pending, self.collecting = self.pending, [], False
-        groups: dict[SamplingParams, list] = {}
-        for req in batch:
-            groups.setdefault(dataclasses.replace(req[1], max_new_tokens=0), []).append(req)
-        await asyncio.gather(*(self._run(reqs) for reqs in groups.values()))
+        async with self.lock:
+            seen, stable = -1, 0
+            while stable < 2:  # let every hook that is ready queue its request first
+                stable = stable + 1 if len(self.pending) == seen else 0
+                seen = len(self.pending)
+                await asyncio.sleep(0)
+            batch, self.pending, self.collecting = self.pending, [], False
+            groups: dict[SamplingParams, list] = {}
+            for req in batch:
+                groups.setdefault(dataclasses.replace(req[1], max_new_tokens=0), []).append(req)
+            for reqs in groups.values():
+                await self._run(reqs)
 
     async def _run(self, reqs: list) -> None:
         budget = max(sp.max_new_tokens for _, sp, _ in reqs)
@@ -190,9 +196,10 @@ class AgentRollout:
             return out
 
         hooked = [s for s in samples if self.hook_for(s) is not None]
-        jobs = [one(s) for s in hooked] + ([self.backend.generate(plain, sampling)] if plain else [])
-        results = await asyncio.gather(*jobs)
-        replaced = {id(a): b for a, b in zip(hooked, results[: len(hooked)])}
+        if plain:  # before the hooks, not beside them: one backend call at a time (see BatchedGenerate)
+            await self.backend.generate(plain, sampling)
+        results = await asyncio.gather(*(one(s) for s in hooked))
+        replaced = {id(a): b for a, b in zip(hooked, results)}
         samples[:] = [replaced.get(id(s), s) for s in samples]
         return samples
 

@@ -62,8 +62,8 @@ async def generate(sample: Sample, *, generate: GenerateFn, tokenizer, sampling:
         c = await generate(traj.tokens, turn_sampling(sampling, budget, end_id, tool_call_end))
         traj.add_model(c.tokens, c.log_probs)
         version = c.weight_version
-        if c.status == Status.TRUNCATED:
-            status = Status.TRUNCATED
+        if c.status in (Status.TRUNCATED, Status.ABORTED):
+            status = c.status  # out of budget, or the rollout aborted it (a partial rollout restarts it from the prompt)
             break
         text = tokenizer.decode(c.tokens)
         if not text.endswith(tool_call_end) or turn == max_turns - 1:
