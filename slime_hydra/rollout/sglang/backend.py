@@ -1,0 +1,208 @@
+"""`rollout.backend=sglang`: the RolloutBackend over SGLang engines behind the sglang-router.
+
+Generation posts each sample's token ids to the router (concurrency `sglang_server_concurrency` per
+engine) and reads back token ids, logprobs and the weight version that produced them. Weight sync
+goes to every engine directly, bucketed, inside pause_generation / continue_generation, and the
+version is stamped on the engine with the weights. With `use_fault_tolerance`, a dead engine is
+restarted by the health monitor and resynced (the last synced weights: the trainer's tensors, which
+do not change between a sync and the next train step, or the last checkpoint written for disk sync)
+before it serves; its in-flight requests fail, and are sent again through the router.
+Colocated memory release/resume wraps training where the device supports it (not on CPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import httpx
+import torch
+
+from slime_hydra.config.schema import RolloutConfig
+from slime_hydra.rollout.sglang import weights as W
+from slime_hydra.rollout.sglang.client import Generated, RouterClient
+from slime_hydra.rollout.sglang.engines import Engine, EngineGroup
+from slime_hydra.types import Sample, SamplingParams, Status
+
+log = logging.getLogger(__name__)
+
+
+class SGLangRollout:
+    def __init__(self, cfg: RolloutConfig, model: torch.nn.Module, tokenizer, *, num_engines: int, tp_size: int,
+                 seed: int, dtype: str, output_dir: str, colocate: bool, offload: bool, device: str):
+        self.cfg, self.tokenizer, self.tp_size, self.dtype = cfg, tokenizer, tp_size, dtype
+        self.mode = cfg.weight_sync if cfg.weight_sync != "auto" else ("tensor" if colocate else "disk")
+        self.device, self.offload = device, offload
+        self.dir = Path(output_dir) / "sglang"
+        self.init_dir = self.dir / "model_init"
+        model.save_pretrained(self.init_dir, safe_serialization=True)  # what the engines load at start
+        tokenizer.save_pretrained(self.init_dir)
+        options = {"dtype": dtype, **cfg.sglang}
+        self.group = EngineGroup(str(self.init_dir), num_engines, tp_size, seed, options, cfg.sglang_router_policy,
+                                 dict(cfg.sglang_router), self.dir / "logs", cfg.sglang_server_start_timeout_s,
+                                 dict(cfg.sglang_env))
+        self.weight_version = 0
+        self.synced_version: Optional[int] = None  # None until the first sync: engines report "default"
+        self._last_weights: list[tuple[str, torch.Tensor]] = []
+        self._last_disk: Optional[Path] = None
+        self._sync_lock = threading.Lock()
+        self._aborted = False
+        self._released = False
+        self.sync_stats: dict[str, float] = {}
+        t0 = time.perf_counter()
+        self.group.start()
+        self.start_time_s = time.perf_counter() - t0
+        self.client = RouterClient(self.group.router_url, cfg.sglang_server_concurrency * num_engines,
+                                   cfg.sglang_request_timeout_s, cfg.sglang_max_retries, cfg.sglang_retry_backoff_s)
+        self._wait_router()
+        if cfg.use_fault_tolerance:
+            self.group.start_monitor(cfg.rollout_health_check_interval, cfg.rollout_health_check_first_wait,
+                                     cfg.rollout_health_check_max_failures, self._resync)
+
+    def _wait_router(self, timeout_s: float = 60.0) -> None:
+        """The router answers /health before it routes: its first /generate can be 503 no_available_workers."""
+        deadline = time.monotonic() + timeout_s
+        body = {"input_ids": [self.tokenizer.eos_token_id], "sampling_params": {"max_new_tokens": 1}}
+        while True:
+            try:
+                r = httpx.post(self.group.router_url + "/generate", json=body, timeout=30)
+                if r.status_code == 200:
+                    return
+                last = f"HTTP {r.status_code} {r.text[:200]}"
+            except httpx.HTTPError as e:
+                last = repr(e)
+            if time.monotonic() > deadline:
+                self.shutdown()
+                raise RuntimeError(f"sglang-router at {self.group.router_url} did not route a request within {timeout_s:.0f} s "
+                                   f"({last}); log {self.group.log_dir / 'router.log'}")
+            time.sleep(0.5)
+
+    # -- generate -------------------------------------------------------------------------------------
+
+    async def generate(self, samples: list[Sample], sampling: SamplingParams) -> list[Sample]:
+        """A sample with a partial response (status ABORTED) continues from its tokens."""
+        self._aborted = False
+        if self._released:
+            self.resume_memory()
+        n = self.client.concurrency
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n)) as client:
+            sem = asyncio.Semaphore(n)
+            await asyncio.gather(*(self._batch(client, sem, chunk, sampling) for chunk in self._chunks(samples, sampling)))
+        if self.offload:
+            self.release_memory()
+        return samples
+
+    def _chunks(self, samples: list[Sample], sp: SamplingParams) -> list[list[Sample]]:
+        """Requests of up to sglang_request_batch_size samples with the same token budget."""
+        by_budget: dict[int, list[Sample]] = {}
+        for s in samples:
+            if sp.max_new_tokens - s.response_length > 0:
+                by_budget.setdefault(sp.max_new_tokens - s.response_length, []).append(s)
+        size = self.cfg.sglang_request_batch_size
+        return [group[i:i + size] for group in by_budget.values() for i in range(0, len(group), size)]
+
+    async def _batch(self, client: httpx.AsyncClient, sem: asyncio.Semaphore, chunk: list[Sample], sp: SamplingParams) -> None:
+        budget = sp.max_new_tokens - chunk[0].response_length
+        ctxs = [list(s.tokens) if s.response_length else list(s.prompt_tokens) for s in chunk]
+        got = await self.client.generate(client, sem, ctxs, sp, budget, self.synced_version, lambda: self._aborted)
+        for s, g in zip(chunk, got, strict=True):
+            self._finish(s, g)
+
+    def _finish(self, s: Sample, got: Generated) -> None:
+        """Append the new tokens to the sample's response (empty unless it continues a partial one)."""
+        prev = s.response_tokens if s.response_length else []
+        response = prev + got.output_ids
+        s.tokens = list(s.prompt_tokens) + response
+        s.response_length = len(response)
+        s.response = self.tokenizer.decode(response, skip_special_tokens=True)
+        s.rollout_log_probs = list(s.rollout_log_probs or [])[: len(prev)] + got.logprobs
+        s.loss_mask = list(s.loss_mask or [1] * len(prev))[: len(prev)] + [1] * len(got.output_ids)
+        s.status = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}.get(got.finish, Status.COMPLETED)
+        s.weight_version = got.weight_version if got.weight_version is not None else self.weight_version
+
+    def abort(self) -> None:
+        """Abort every in-flight request on every engine; they return with what they generated so far."""
+        self._aborted = True
+        for e in self.group.engines:
+            try:
+                httpx.post(e.url + "/abort_request", json={"abort_all": True}, timeout=10)
+            except httpx.HTTPError as exc:
+                log.warning("abort on sglang engine %d failed: %s", e.index, exc)
+
+    # -- weights --------------------------------------------------------------------------------------
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        t0 = time.perf_counter()
+        tensors = list(named_tensors)
+        with self._sync_lock:
+            if self._released:
+                self.resume_memory()
+            if self.mode == "disk":
+                self._last_disk = W.write_checkpoint(tensors, self.init_dir, self.dir / "weights", self.dtype)
+            t1 = time.perf_counter()
+            for e in self.group.engines:
+                if e.healthy.is_set():
+                    self._sync_engine(e, tensors, version)
+            self._last_weights, self.weight_version, self.synced_version = tensors, version, version
+        self.sync_stats = {"rollout/weight_sync_write_s": t1 - t0, "rollout/weight_sync_s": time.perf_counter() - t0}
+        if self.cfg.check_weight_update_equal:
+            for e in self.group.engines:
+                if e.healthy.is_set():
+                    W.check_equal(e.url, tensors, self.dtype, self.cfg.sglang_request_timeout_s)
+
+    def _sync_engine(self, e: Engine, tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        timeout = self.cfg.sglang_request_timeout_s
+        paused = W.post(e.url, "/pause_generation", {}, timeout).status_code == 200
+        try:
+            if self.mode == "tensor":
+                W.update_from_tensors(e.url, tensors, version, self.tp_size, self.cfg.update_weight_buffer_size, self.dtype, timeout)
+                r = W.post(e.url, "/flush_cache", {}, timeout)
+                if r.status_code != 200:  # the next prefill recomputes; only the radix cache is stale
+                    log.warning("sglang engine %d: flush_cache after a weight update answered %d", e.index, r.status_code)
+            else:
+                W.update_from_disk(e.url, self._last_disk, version, timeout)
+        finally:
+            if paused:
+                W.post(e.url, "/continue_generation", {}, timeout)
+
+    def _resync(self, e: Engine) -> None:
+        """A restarted engine gets the last synced weights and version before it serves."""
+        with self._sync_lock:
+            if self.synced_version is not None:
+                self._sync_engine(e, self._last_weights, self.synced_version)
+
+    # -- colocated memory -----------------------------------------------------------------------------
+
+    def release_memory(self) -> None:
+        if self.device == "cpu":
+            if not getattr(self, "_said_cpu", False):
+                log.warning("sglang release_memory_occupation skipped: not supported on CPU (the server crashes)")
+                self._said_cpu = True
+            return
+        for e in self.group.engines:
+            W.ok(W.post(e.url, "/release_memory_occupation", {}, self.cfg.sglang_request_timeout_s), "release_memory_occupation")
+        self._released = True
+
+    def resume_memory(self) -> None:
+        for e in self.group.engines:
+            W.ok(W.post(e.url, "/resume_memory_occupation", {}, self.cfg.sglang_request_timeout_s), "resume_memory_occupation")
+        self._released = False
+
+    # -- state ----------------------------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, float]:
+        return {**self.sync_stats, "rollout/sglang_retries": float(self.client.retried),
+                "rollout/sglang_restarts": float(sum(e.restarts for e in self.group.engines))}
+
+    def state_dict(self) -> dict:
+        return {"weight_version": self.weight_version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.weight_version = state["weight_version"]
+
+    def shutdown(self) -> None:
+        self.group.shutdown()

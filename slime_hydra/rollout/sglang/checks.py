@@ -1,0 +1,49 @@
+"""Preflight checks for rollout.backend=sglang (no sglang import: ServerArgs fields are read with ast)."""
+
+from __future__ import annotations
+
+from slime_hydra.config.schema import RunConfig
+from slime_hydra.rollout.sglang.server_args import (ROUTER_RUNNER_KEYS, RUNNER_KEYS, check_pass_through,
+                                                     router_arg_fields, server_arg_fields)
+
+WEIGHT_SYNC = ("auto", "tensor", "disk")
+ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "bucket", "manual", "consistent_hashing",
+                   "prefix_hash")
+
+
+def num_engines(cfg: RunConfig) -> int:
+    c = cfg.cluster
+    gpus = c.rollout_num_gpus if c.rollout_num_gpus is not None else c.actor_num_nodes * c.actor_num_gpus_per_node
+    return max(gpus // max(c.rollout_num_gpus_per_engine, 1), 1)
+
+
+def check_sglang(cfg: RunConfig, problems: list[str]) -> None:
+    r, c = cfg.rollout, cfg.cluster
+    problems += check_pass_through("rollout.sglang", r.sglang, server_arg_fields(), RUNNER_KEYS, "sglang's ServerArgs")
+    problems += check_pass_through("rollout.sglang_router", r.sglang_router, router_arg_fields(), ROUTER_RUNNER_KEYS,
+                                   "sglang-router's RouterArgs")
+    if r.weight_sync not in WEIGHT_SYNC:
+        problems.append(f"rollout.weight_sync={r.weight_sync!r} is not one of {list(WEIGHT_SYNC)}")
+    if r.sglang_router_policy not in ROUTER_POLICIES:
+        problems.append(f"rollout.sglang_router_policy={r.sglang_router_policy!r} is not one of {list(ROUTER_POLICIES)}")
+    gpus = c.rollout_num_gpus if c.rollout_num_gpus is not None else c.actor_num_nodes * c.actor_num_gpus_per_node
+    if gpus % max(c.rollout_num_gpus_per_engine, 1):
+        problems.append(f"cluster.rollout_num_gpus={gpus} is not a multiple of cluster.rollout_num_gpus_per_engine="
+                        f"{c.rollout_num_gpus_per_engine}; set cluster.rollout_num_gpus to a multiple of it")
+    for key in ("sglang_server_concurrency", "sglang_request_batch_size", "update_weight_buffer_size", "rollout_health_check_max_failures"):
+        if getattr(r, key) < 1:
+            problems.append(f"rollout.{key}={getattr(r, key)} must be >= 1")
+    if r.sglang_max_retries < 0:
+        problems.append(f"rollout.sglang_max_retries={r.sglang_max_retries} must be >= 0")
+    for key in ("sglang_request_timeout_s", "sglang_server_start_timeout_s", "rollout_health_check_interval"):
+        if getattr(r, key) <= 0:
+            problems.append(f"rollout.{key}={getattr(r, key)} must be > 0")
+    if r.rollout_health_check_first_wait < 0:
+        problems.append(f"rollout.rollout_health_check_first_wait={r.rollout_health_check_first_wait} must be >= 0")
+    mem = r.sglang.get("mem_fraction_static")
+    if mem is not None and not (isinstance(mem, (int, float)) and 0 < mem < 1):
+        problems.append(f"rollout.sglang.mem_fraction_static={mem} must be in (0, 1)")
+    if r.sglang.get("skip_tokenizer_init") and r.rollout_stop:
+        problems.append(f"rollout.rollout_stop={list(r.rollout_stop)} needs the engine's tokenizer, which "
+                        "rollout.sglang.skip_tokenizer_init=true turns off; use rollout.rollout_stop_token_ids or set "
+                        "rollout.sglang.skip_tokenizer_init=false")

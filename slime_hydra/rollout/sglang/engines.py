@@ -1,0 +1,176 @@
+"""Engine and router lifecycle: start, wait for health, monitor, restart.
+
+One SGLang server process per engine (its tp size is cluster.rollout_num_gpus_per_engine), the real
+sglang-router in front. The health monitor (`use_fault_tolerance`) checks each engine every
+`rollout_health_check_interval` seconds, but only once the engine has answered /health for the first
+time or `rollout_health_check_first_wait` seconds have passed since it was launched: a server that is
+still loading is never killed for being slow (slime's 0-second first wait does that). An engine whose
+process died, or that failed `rollout_health_check_max_failures` checks in a row, is killed and
+relaunched on its port; `on_restart` (the backend's weight resync) runs before it is marked healthy.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import httpx
+
+from slime_hydra.rollout.sglang.process import ManagedProcess, free_port
+from slime_hydra.rollout.sglang.server_args import to_argv
+
+log = logging.getLogger(__name__)
+
+
+class EngineStartError(RuntimeError):
+    pass
+
+
+@dataclass
+class Engine:
+    index: int
+    port: int
+    argv: list[str]
+    log_path: Path
+    process: Optional[ManagedProcess] = None
+    launched_at: float = 0.0
+    ever_healthy: bool = False
+    healthy: threading.Event = field(default_factory=threading.Event)  # serving, with the current weights
+    failures: int = 0
+    restarts: int = 0
+    launches: int = 0
+    env: dict = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def launch(self) -> None:
+        self.healthy.clear()
+        self.ever_healthy, self.failures = False, 0
+        self.process = ManagedProcess(f"sglang-engine-{self.index}", self.argv, self.log_path, self.env).start()
+        self.launched_at, self.launches = time.monotonic(), self.launches + 1
+
+
+def ping(url: str, path: str = "/health", timeout: float = 5.0) -> bool:
+    try:
+        return httpx.get(url + path, timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_healthy(proc: ManagedProcess, url: str, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise EngineStartError(f"{what} exited with code {proc.proc.returncode} while starting; log {proc.log_path}:\n"
+                                   f"{proc.log_tail()}")
+        if ping(url):
+            return
+        time.sleep(0.5)
+    raise EngineStartError(f"{what} did not answer {url}/health within {timeout_s:.0f} s (raise "
+                           f"rollout.sglang_server_start_timeout_s); log {proc.log_path}:\n{proc.log_tail()}")
+
+
+def engine_argv(model_path: str, tp_size: int, port: int, seed: int, options: dict[str, Any]) -> list[str]:
+    return [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--tp-size", str(tp_size),
+            "--host", "127.0.0.1", "--port", str(port), "--random-seed", str(seed), *to_argv(options)]
+
+
+class EngineGroup:
+    def __init__(self, model_path: str, num_engines: int, tp_size: int, seed: int, options: dict[str, Any],
+                 router_policy: str, router_options: dict[str, Any], log_dir: Path, start_timeout_s: float,
+                 env: dict[str, str] | None = None):
+        self.log_dir, self.start_timeout_s = Path(log_dir), start_timeout_s
+        ports: set[int] = set()
+        self.engines = []
+        for i in range(num_engines):
+            port = free_port(ports)
+            ports.add(port)
+            self.engines.append(Engine(i, port, engine_argv(model_path, tp_size, port, seed + i, options),
+                                       self.log_dir / f"engine_{i}.log", env={k: str(v) for k, v in (env or {}).items()}))
+        self.router_port = free_port(ports)
+        self.router_argv = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls",
+                            *[e.url for e in self.engines], "--host", "127.0.0.1", "--port", str(self.router_port),
+                            "--policy", router_policy, *to_argv(router_options)]
+        self.router: Optional[ManagedProcess] = None
+        self._monitor: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+
+    @property
+    def router_url(self) -> str:
+        return f"http://127.0.0.1:{self.router_port}"
+
+    def start(self) -> None:
+        """All engines start at once (they load in parallel), then the router in front of them."""
+        try:
+            for e in self.engines:
+                e.launch()
+            for e in self.engines:
+                wait_healthy(e.process, e.url, self.start_timeout_s, f"SGLang engine {e.index}")
+                e.ever_healthy = True
+                e.healthy.set()
+            self.router = ManagedProcess("sglang-router", self.router_argv, self.log_dir / "router.log").start()
+            wait_healthy(self.router, self.router_url, 60.0, "sglang-router")
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def start_monitor(self, interval_s: float, first_wait_s: float, max_failures: int,
+                      on_restart: Callable[[Engine], None]) -> None:
+        def loop() -> None:
+            while not self._stop.wait(interval_s):
+                for e in self.engines:
+                    if self._stop.is_set():
+                        return
+                    self._check(e, first_wait_s, max_failures, on_restart)
+
+        self._monitor = threading.Thread(target=loop, name="sglang-health", daemon=True)
+        self._monitor.start()
+
+    def _check(self, e: Engine, first_wait_s: float, max_failures: int, on_restart: Callable[[Engine], None]) -> None:
+        dead = not e.process.alive()
+        if not dead and not e.ever_healthy and time.monotonic() - e.launched_at < first_wait_s:
+            if ping(e.url):  # still inside the first wait: only watch for the first /health
+                self._serve_again(e, on_restart)
+            return
+        if not dead and ping(e.url):
+            e.failures = 0
+            if not e.ever_healthy:
+                self._serve_again(e, on_restart)
+            return
+        e.failures += 1
+        e.healthy.clear()
+        if dead or e.failures >= max_failures:
+            log.warning("sglang engine %d %s; restarting it (log %s)", e.index,
+                        "exited" if dead else f"failed {e.failures} health checks", e.log_path)
+            e.process.stop(grace_s=2.0)
+            e.restarts += 1
+            e.launch()
+
+    def _serve_again(self, e: Engine, on_restart: Callable[[Engine], None]) -> None:
+        e.ever_healthy = True
+        try:
+            on_restart(e)  # weight resync before it serves
+        except Exception as exc:  # noqa: BLE001 - next check retries
+            log.warning("sglang engine %d: weight resync after restart failed (%s); will retry", e.index, exc)
+            e.ever_healthy = False
+            return
+        e.failures = 0
+        e.healthy.set()
+        log.warning("sglang engine %d is serving again (restart %d)", e.index, e.restarts)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._monitor is not None:
+            self._monitor.join(timeout=10)
+        if self.router is not None:
+            self.router.stop(grace_s=3.0)
+        for e in self.engines:
+            if e.process is not None:
+                e.process.stop()

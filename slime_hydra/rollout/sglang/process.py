@@ -1,0 +1,115 @@
+"""Child processes the rollout side owns: free ports, log files, and no orphans.
+
+Each child starts in its own session (so the whole tree an SGLang server spawns, scheduler and
+detokenizer included, is one process group) with PR_SET_PDEATHSIG, so it gets SIGTERM if the runner
+dies without cleaning up. `stop()` sends SIGTERM to the group, then SIGKILL after a grace period;
+every process is also stopped at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+import weakref
+from pathlib import Path
+
+_LIVE: "weakref.WeakSet[ManagedProcess]" = weakref.WeakSet()
+
+
+def free_port(avoid: set[int] | None = None) -> int:
+    avoid = avoid or set()
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in avoid:
+            return port
+
+
+def _die_with_parent() -> None:
+    os.setsid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class ManagedProcess:
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict | None = None):
+        self.name, self.argv, self.log_path = name, argv, Path(log_path)
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "ManagedProcess":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        log.write(f"\n=== {time.strftime('%H:%M:%S')} start: {' '.join(self.argv)}\n".encode())
+        log.flush()
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=self.env, preexec_fn=_die_with_parent)
+        log.close()
+        _LIVE.add(self)
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+                # the leader is gone; children of the group may linger a moment
+                deadline = time.monotonic() + wait
+                while _group_alive(self.proc.pid) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if not _group_alive(self.proc.pid):
+                    break
+            except subprocess.TimeoutExpired:
+                continue
+        _LIVE.discard(self)
+
+    def kill(self) -> None:
+        """SIGKILL the whole group at once (what a crash looks like)."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+@atexit.register
+def _stop_all() -> None:
+    for p in list(_LIVE):
+        p.stop(grace_s=5.0)

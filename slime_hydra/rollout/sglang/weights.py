@@ -1,0 +1,185 @@
+"""Weight sync to SGLang engines: bucketed, from tensors (colocated) or from disk (the fallback).
+
+From tensors: each bucket (at most `update_weight_buffer_size` bytes, one dtype) is serialised with
+sglang's MultiprocessingSerializer and posted to /update_weights_from_tensor; only handles travel over
+HTTP. On CPU the handles must be shared-memory file names (torch's `file_system` strategy): the default
+`file_descriptor` strategy passes fds through a socket whose auth key the server does not have, and
+the server dies. On CUDA they are CUDA IPC handles (sglang's patched reductions). sglang >= 0.5.2x wants
+the updates inside /begin_weight_update ... /end_weight_update; older releases have no such endpoints.
+From disk: a safetensors file beside the engine's config, then /update_weights_from_disk.
+Left out: the distributed (NCCL/gloo update group) path for disaggregated engines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import httpx
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+class WeightSyncError(RuntimeError):
+    pass
+
+
+def buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], max_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Consecutive groups of one dtype whose total size stays <= max_bytes (a larger tensor goes alone)."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, t in named_tensors:
+        nbytes = t.numel() * t.element_size()
+        if bucket and (size + nbytes > max_bytes or t.dtype != bucket[0][1].dtype):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, t))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def post(url: str, path: str, payload: dict | None = None, timeout: float = 600.0) -> httpx.Response:
+    return httpx.post(url + path, json=payload or {}, timeout=timeout)
+
+
+def ok(r: httpx.Response, what: str) -> dict:
+    if r.status_code != 200:
+        raise WeightSyncError(f"{what}: HTTP {r.status_code}: {r.text[:500]}")
+    try:
+        body = r.json()
+    except ValueError:
+        return {}
+    if isinstance(body, dict) and body.get("success") is False:
+        raise WeightSyncError(f"{what}: {body.get('message')}")
+    return body if isinstance(body, dict) else {}
+
+
+@contextlib.contextmanager
+def sharing_strategy(device_type: str):
+    if device_type != "cpu":
+        yield
+        return
+    import torch.multiprocessing as mp
+
+    old = mp.get_sharing_strategy()
+    mp.set_sharing_strategy("file_system")
+    try:
+        yield
+    finally:
+        mp.set_sharing_strategy(old)
+
+
+def serialize_bucket(bucket: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> tuple[str, str | None, list]:
+    """-> (serialised payload, load_format, tensors to keep alive until the server has read them)."""
+    from sglang.srt.utils import MultiprocessingSerializer
+
+    tensors = [(n, t.detach().to(dtype).contiguous()) for n, t in bucket]
+    device_type = tensors[0][1].device.type
+    if device_type == "cuda":
+        with contextlib.suppress(ImportError):
+            from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+            monkey_patch_torch_reductions()
+    try:
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+    except ImportError:
+        FlattenedTensorBucket = None
+    with sharing_strategy(device_type):
+        if FlattenedTensorBucket is not None:
+            fb = FlattenedTensorBucket(named_tensors=tensors)
+            obj = {"flattened_tensor": fb.get_flattened_tensor(), "metadata": fb.get_metadata()}
+            return MultiprocessingSerializer.serialize(obj, output_str=True), "flattened_bucket", [obj]
+        if device_type == "cpu":
+            for _, t in tensors:
+                t.share_memory_()
+        return MultiprocessingSerializer.serialize(tensors, output_str=True), None, tensors
+
+
+def has_endpoint(url: str, path: str) -> bool:
+    r = post(url, path, {}, timeout=60)
+    if r.status_code == 404:
+        return False
+    ok(r, path)
+    return True
+
+
+def update_from_tensors(url: str, named_tensors: list[tuple[str, torch.Tensor]], version: int, tp_size: int,
+                        buffer_bytes: int, dtype: str, timeout: float) -> int:
+    """All buckets to one engine; returns the number of buckets."""
+    session = has_endpoint(url, "/begin_weight_update")
+    n = 0
+    try:
+        for bucket in buckets(named_tensors, buffer_bytes):
+            payload, load_format, keep = serialize_bucket(bucket, DTYPES[dtype])
+            body = {"serialized_named_tensors": [payload] * tp_size, "flush_cache": False, "weight_version": str(version)}
+            if load_format:
+                body["load_format"] = load_format
+            ok(post(url, "/update_weights_from_tensor", body, timeout), "update_weights_from_tensor")
+            del keep
+            n += 1
+    finally:
+        if session:
+            ok(post(url, "/end_weight_update", {}, timeout), "end_weight_update")
+    return n
+
+
+def write_checkpoint(named_tensors: list[tuple[str, torch.Tensor]], init_dir: Path, out_dir: Path, dtype: str) -> Path:
+    """The engine's initial directory (config, tokenizer) with the new weights in model.safetensors."""
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for f in init_dir.iterdir():
+        if f.is_file() and not f.name.endswith((".safetensors", ".safetensors.index.json")):
+            shutil.copy2(f, out_dir / f.name)
+    for f in out_dir.glob("*.safetensors*"):
+        f.unlink()
+    save_file({n: t.detach().to(DTYPES[dtype]).contiguous().cpu() for n, t in named_tensors}, str(out_dir / "model.safetensors"))
+    return out_dir
+
+
+def update_from_disk(url: str, path: Path, version: int, timeout: float) -> None:
+    ok(post(url, "/update_weights_from_disk", {"model_path": str(path), "weight_version": str(version), "flush_cache": True},
+            timeout), "update_weights_from_disk")
+
+
+def check_equal(url: str, named_tensors: list[tuple[str, torch.Tensor]], dtype: str, timeout: float) -> int:
+    """Compare the engine's weights with the trainer's, tensor by tensor; returns how many were compared.
+
+    /weights_checker (sglang >= 0.5.2x) returns a hash per tensor, computed with sglang's own
+    `tensor_hash` over the engine's bytes; the same function over the trainer's tensor (cast to the
+    engine's dtype) must give the same hash. Older releases: /get_weights_by_name (first values)."""
+    r = post(url, "/weights_checker", {"action": "checksum"}, timeout)
+    if r.status_code != 404:
+        from sglang.srt.managers.mm_utils import tensor_hash
+
+        ranks = ok(r, "weights_checker").get("ranks") or []
+        engine = ranks[0]["checksums"]
+
+        def same(name: str, t: torch.Tensor) -> bool:
+            t = t.detach().to(DTYPES[dtype]).contiguous()
+            if engine[name] == f"{tensor_hash(t):016x}":
+                return True
+            # vocabulary-parallel embeddings are padded with zero rows to a multiple of 64
+            rows = -(-t.shape[0] // 64) * 64
+            padded = torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])]) if t.dim() == 2 and rows > t.shape[0] else None
+            return padded is not None and engine[name] == f"{tensor_hash(padded):016x}"
+
+        bad = [n for n, t in named_tensors if n in engine and not same(n, t)]
+        missing = [n for n, _ in named_tensors if n not in engine]
+        if bad or missing:
+            raise WeightSyncError(f"check_weight_update_equal: {url} differs from the trainer in {bad[:5]} "
+                                  f"({len(bad)} tensors) and lacks {missing[:5]} ({len(missing)})")
+        return len(named_tensors)
+    for n, t in named_tensors:
+        r = post(url, "/get_weights_by_name", {"name": n, "truncate_size": 64}, timeout)
+        if r.status_code != 200:
+            raise WeightSyncError(f"check_weight_update_equal: get_weights_by_name({n}) on {url}: HTTP {r.status_code} {r.text[:300]}")
+        got = r.json()
+        want = t.detach().to(DTYPES[dtype]).float().flatten()[: torch.tensor(got).numel()].cpu()
+        if not torch.allclose(torch.tensor(got, dtype=torch.float32).flatten()[: want.numel()], want):
+            raise WeightSyncError(f"check_weight_update_equal: {url} differs from the trainer in {n}")
+    return len(named_tensors)
