@@ -63,7 +63,9 @@ def test_stop_string_ends_the_response():
 def test_rollout_logprobs_match_a_full_forward():
     m = model()
     r = LocalRollout(m, TOK, seed=3)
-    samples = gen(r, fresh(8), SamplingParams(temperature=0.7, max_new_tokens=5))
+    # two prompts of different lengths, interleaved: each is prefilled once and its cache repeated to its rows
+    samples = [s for pair in zip(fresh(4), fresh(4, "5+5=")) for s in pair]
+    samples = gen(r, samples, SamplingParams(temperature=0.7, max_new_tokens=5))
     batch = collate(samples, torch.zeros(8), TOK.pad_token_id)
     logits = m(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
     lp = torch.log_softmax(logits / 0.7, -1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)

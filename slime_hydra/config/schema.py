@@ -40,6 +40,9 @@ class ModelConfig:
     vocab_size: Optional[int] = None  # None: taken from the tokenizer
     init_std: float = 0.02
     dtype: str = "float32"  # float32 | bfloat16 | float16 | float64 (exactness tests on CPU)
+    # transformers attention kernel: sdpa (fused; the GPU default) | eager (plain matmuls: faster for
+    # the tiny CPU model's ~12-token sequences)
+    attn_implementation: str = "sdpa"
     # -- read by the megatron backend (slime's MODEL_ARGS; the torch backend builds only dense qwen3/llama) --
     normalization: str = "RMSNorm"  # RMSNorm | LayerNorm
     swiglu: bool = True
@@ -174,9 +177,11 @@ class RolloutConfig:
     # SGLang ServerArgs pass-through (slime's --sglang-<flag>), e.g. {mem_fraction_static: 0.8, context_length: 8192};
     # checked against sglang's ServerArgs fields. model_path, tp_size, port, host and random_seed are the runner's.
     sglang: dict[str, Any] = field(default_factory=dict)
+    sglang_env: dict[str, str] = field(default_factory=dict)  # environment of the engine processes, e.g. {OMP_NUM_THREADS: '1'}
     sglang_router_policy: str = "cache_aware"  # sglang-router --policy: cache_aware | round_robin | random | power_of_two
     sglang_router: dict[str, Any] = field(default_factory=dict)  # RouterArgs pass-through (thresholds, health checks)
     sglang_server_concurrency: int = 512  # in-flight requests per engine
+    sglang_request_batch_size: int = 1  # samples per /generate request (slime sends one; batching cuts HTTP overhead on CPU)
     sglang_request_timeout_s: float = 600.0
     sglang_max_retries: int = 5  # per request (transport errors, 5xx, stale weights), exponential backoff
     sglang_retry_backoff_s: float = 0.5

@@ -25,6 +25,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.lr_decay_style": ("constant", "linear", "cosine"),
     "logger.tracker": ("mlflow", "tensorboard", "none"),
     "model.dtype": ("float32", "bfloat16", "float16", "float64"),  # float64: exactness tests on CPU
+    "model.attn_implementation": ("sdpa", "eager"),
     "reward.rm_on_failure": ("zero", "raise"),
     "cluster.device": ("auto", "cpu", "cuda"),
     "model.tokenizer": ("char", "char_tools"),

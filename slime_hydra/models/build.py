@@ -10,7 +10,7 @@ import torch
 
 from slime_hydra.config.schema import ModelConfig
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 def hf_config_kwargs(model: ModelConfig, vocab_size: int, pad_id: int, eos_id: int) -> dict:
@@ -53,14 +53,15 @@ def build_model(model: ModelConfig, tokenizer, seed: int) -> torch.nn.Module:
     if model.hf_checkpoint:
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(model.hf_checkpoint, dtype=dtype, attn_implementation="sdpa")
+        return AutoModelForCausalLM.from_pretrained(model.hf_checkpoint, dtype=dtype,
+                                                    attn_implementation=model.attn_implementation)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     vocab = model.vocab_size or len(tokenizer)
     config = AutoConfig.for_model(
         model.architecture, **hf_config_kwargs(model, vocab, tokenizer.pad_token_id, tokenizer.eos_token_id)
     )
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = model.attn_implementation
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         net = AutoModelForCausalLM.from_config(config, dtype=dtype)

@@ -2,7 +2,8 @@
 
 The rollout holds its own weights, as an inference engine does, and sees the trainer's weights
 only through `update_weights`; each sample records the weight version that generated it.
-Left out on purpose: continuous batching and prefix caching (that is what SGLang is for).
+Left out on purpose: continuous batching and a radix prefix cache (that is what SGLang is for); a
+rollout's identical contexts (a prompt's group) are prefilled once.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from slime_hydra.types import Sample, SamplingParams, Status
 
 
 class LocalRollout:
+    cooperative = True  # generate() yields to the event loop after every decode step
+
     def __init__(self, model: torch.nn.Module, tokenizer, seed: int, generation_batch_size: int = 256):
         self.model = copy.deepcopy(model).eval().requires_grad_(False)
         self.tokenizer = tokenizer
@@ -51,18 +54,25 @@ class LocalRollout:
         from transformers import DynamicCache
 
         B = len(samples)
-        L = max(len(s.tokens or s.prompt_tokens) for s in samples)
-        ids = torch.full((B, L), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((B, L), dtype=torch.long)
-        for i, s in enumerate(samples):  # left padding; a partial sample's context is prompt + response so far
-            ctx = s.tokens or s.prompt_tokens
+        # a partial sample's context is prompt + response so far; a group's samples share one context,
+        # so each distinct context is prefilled once and its KV cache repeated to its rows
+        distinct: dict[tuple[int, ...], int] = {}
+        inv = [distinct.setdefault(tuple(s.tokens or s.prompt_tokens), len(distinct)) for s in samples]
+        L = max(len(c) for c in distinct)
+        ids = torch.full((len(distinct), L), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(distinct), L), dtype=torch.long)
+        for i, ctx in enumerate(distinct):  # left padding
             ids[i, L - len(ctx) :] = torch.tensor(ctx)
             attn[i, L - len(ctx) :] = 1
         budget = torch.tensor([sp.max_new_tokens - s.response_length for s in samples], device=self.device)  # [B]
         ids, attn = ids.to(self.device), attn.to(self.device)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, L]
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [U, L]
         cache = DynamicCache(config=self.model.config)
         logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True).logits[:, -1]
+        if len(distinct) < B:
+            rows = torch.tensor(inv, device=self.device)
+            cache.batch_select_indices(rows)
+            logits, attn, pos = logits[rows], attn[rows], pos[rows]  # [B, V], [B, L], [B, L]
         stop_ids = torch.tensor(sorted(set(sp.stop_token_ids)), dtype=torch.long, device=self.device)
         finished = budget <= 0
         out_tokens, out_logps = [], []

@@ -26,6 +26,7 @@ from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.training.base import TrainBatch
 from slime_hydra.training.critic import TorchCritic
+from slime_hydra.training.prefix import shared_prefix_logits
 from slime_hydra.training.schedule import lr_multiplier
 
 
@@ -67,8 +68,11 @@ class TorchTrainBackend:
 
     # -- forward -----------------------------------------------------------------------------
     def _logits(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
+        """[n, T, V]; exact on the loss mask (train.prefix_sharing runs each distinct prompt once)."""
         ids, attn = mb.input_ids.to(self.device), mb.attention_mask.to(self.device)
-        return model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # [n, T, V]
+        if self.cfg.prefix_sharing:
+            return shared_prefix_logits(model, ids, attn, mb.loss_mask.to(self.device))
+        return model(input_ids=ids, attention_mask=attn).logits[:, :-1]
 
     @torch.no_grad()
     def compute_log_probs(self, batch: TrainBatch, model: Optional[torch.nn.Module] = None) -> torch.Tensor:
