@@ -6,7 +6,7 @@ checkpoint; the final model is scored by slime_hydra's greedy held-out eval. One
 differences of a few points are noise. Left out: per-option tuning (every option runs the
 experiment's lr and its own clip defaults).
 
-Run: HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.bench_algorithms --steps 150
+Run: HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.bench_algorithms --steps 150 [--options ppo grpo]
 """
 
 from __future__ import annotations
@@ -45,13 +45,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--out", default="bench_out/algorithms.json")
+    ap.add_argument("--options", nargs="*", default=OPTIONS, choices=OPTIONS, help="a subset of the algorithm= options")
     args = ap.parse_args()
     torch.set_num_threads(NUM_THREADS)
     with tempfile.TemporaryDirectory(prefix="bench_alg_") as tmp:
         tmp = Path(tmp)
         ckpt = warm_started_checkpoint(tmp)
         start = heldout_accuracy(compose_model(ckpt), ckpt)
-        rows = [train_option(o, ckpt, args.steps, tmp / o) for o in OPTIONS]
+        rows = [train_option(o, ckpt, args.steps, tmp / o) for o in args.options]
     print(f"\nwarm start held-out accuracy: {start:.3f}; {args.steps} rollouts per option\n")
     print(f"{'algorithm':<30}{'held-out acc':>14}{'wall s':>10}{'median step s':>15}")
     for r in rows:
