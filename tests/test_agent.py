@@ -162,10 +162,15 @@ def test_token_in_token_out_with_the_local_backend():
     for s in samples:
         calls = by_prefix[tuple(s.prompt_tokens[:6])]
         assert len(calls) == s.metadata["turns"]
-        # every turn's input is a prefix of the final tokens, and the final tokens end with the last output
+        # every turn's input is a prefix of the final tokens, followed there by that turn's output ids (a run of
+        # loss_mask 1; the output can be cut to the sample's own budget when a longer one shared the batch)
         for inp, out in calls:
-            assert s.tokens[: len(inp)] == inp and s.tokens[len(inp): len(inp) + len(out)] == out
-        assert s.tokens == calls[-1][0] + calls[-1][1]
+            j = len(inp) - len(s.prompt_tokens)
+            run_len = next((k for k, m in enumerate(s.loss_mask[j:]) if m == 0), len(s.loss_mask) - j)
+            assert s.tokens[: len(inp)] == inp and 1 <= run_len and s.tokens[len(inp): len(inp) + run_len] == out[:run_len]
+        # after the last turn only an observation (loss_mask 0) can follow
+        inp, out = calls[-1]
+        assert set(s.loss_mask[len(inp) - len(s.prompt_tokens) + len(out):]) <= {0}
         assert len(s.loss_mask) == len(s.rollout_log_probs) == s.response_length <= 60
 
 
