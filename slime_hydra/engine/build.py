@@ -108,6 +108,10 @@ def build_rollout(cfg: RunConfig, model: torch.nn.Module, tokenizer) -> RolloutB
 def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) -> Components:
     if cfg.cluster.num_threads:
         torch.set_num_threads(cfg.cluster.num_threads)
+    if cfg.cluster.backend == "ray":  # placement group, train group, rollout manager: the same Components
+        from slime_hydra.orchestration.driver import build_ray
+
+        return build_ray(cfg, output_dir, parent_run_id)
     seed_everything(cfg.seed)
     tokenizer = build_tokenizer(cfg.model)
     sampling = rollout_sampling(cfg.rollout, (tokenizer.eos_token_id,))

@@ -130,14 +130,14 @@ class TorchTrainBackend:
 
     def _train_step(self, batch: TrainBatch, idx: torch.Tensor, old_all: Optional[torch.Tensor]) -> dict[str, float]:
         mode = self.algo.loss_aggregation
-        denom = L.step_denominator([batch.loss_mask[idx]], mode, self.max_response_len)
+        denom = self._step_denominator([batch.loss_mask[idx]], mode)
         keep = idx
         if self.cfg.skip_zero_advantage_samples:
             keep = idx[(batch.advantages[idx] != 0).any(-1)]
         self._zero_grads()
         m: dict[str, float] = defaultdict(float)
         metric_mode = L.metric_aggregation(mode)
-        metric_denom = max(1.0, L.step_denominator([batch.loss_mask[keep]], metric_mode))
+        metric_denom = max(1.0, self._step_denominator([batch.loss_mask[keep]], metric_mode))
         for start in range(0, len(keep), self.cfg.micro_batch_size):
             mb_idx = keep[start : start + self.cfg.micro_batch_size]
             loss, scalars, per_token, mask = self._micro_batch_loss(batch.select(mb_idx), mb_idx, old_all, denom)
@@ -150,6 +150,10 @@ class TorchTrainBackend:
         m["train/lr"] = self.scheduler.get_last_lr()[0]
         m["train/kept_samples"] = float(len(keep))
         return dict(m)
+
+    def _step_denominator(self, masks: list[torch.Tensor], mode: str) -> float:
+        """A step's aggregation denominator (training/distributed.py sums it over data-parallel ranks)."""
+        return L.step_denominator(masks, mode, self.max_response_len)
 
     def _micro_batch_loss(self, mb: TrainBatch, mb_idx: torch.Tensor, old_all: Optional[torch.Tensor], denom: float):
         """One micro-batch: (loss, scalar terms, per-token metrics, mask). Scalars sum exactly over micro-batches."""

@@ -1,0 +1,66 @@
+"""`cluster.backend=ray`: the run's components as Ray actors in one placement group (slime's driver).
+
+The order is slime's: data and configs are checked first, then the cluster is joined and the layout
+checked against what it holds (a clear error, exit code 2, before any actor or model is built), then
+the placement group, the train group and the rollout manager. The result is the same `Components`
+the in-process build returns, so `engine/loop.py` runs unchanged on either.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from slime_hydra.config.schema import RunConfig
+from slime_hydra.engine import checkpoint as ckpt
+from slime_hydra.engine.build import Components, build_eval_sets, load_data, restore, seed_everything
+from slime_hydra.engine.steps import rollout_sampling
+from slime_hydra.errors import UserError
+from slime_hydra.models.build import build_tokenizer
+from slime_hydra.rewards.compute import RewardScorer
+from slime_hydra.tracking.base import build_tracker
+
+
+def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) -> Components:
+    from slime_hydra.orchestration import placement
+    from slime_hydra.orchestration.rollout_manager import RemoteRollout, RemoteSource, RolloutManager
+    from slime_hydra.orchestration.train_group import TrainGroup
+
+    if cfg.train.backend != "torch" or cfg.rollout.backend != "local":
+        raise UserError(f"cluster.backend=ray drives train.backend=torch ranks and rollout.backend=local engines so far (got "
+                        f"train.backend={cfg.train.backend}, rollout.backend={cfg.rollout.backend}); set cluster.backend=local")
+    seed_everything(cfg.seed)
+    tokenizer = build_tokenizer(cfg.model)
+    sampling = rollout_sampling(cfg.rollout, (tokenizer.eos_token_id,))
+    train_prompts, eval_sets = load_data(cfg, tokenizer), build_eval_sets(cfg, tokenizer, sampling)
+    resume = ckpt.resolve_checkpoint(cfg.load) if cfg.load else None
+    model_cfg = cfg.model if resume is None else type(cfg.model)(**{**cfg.model.__dict__, "hf_checkpoint": str(resume)})
+    state = ckpt.load_state(resume) if resume else None
+
+    import ray
+
+    started, where = placement.connect(cfg.cluster)
+    pg = None
+    try:
+        pg, layout = placement.create_placement_group(cfg.cluster, where)
+        tracker = build_tracker(cfg.logger, cfg.experiment_name, output_dir, resume_run_id=(state or {}).get("tracker_run_id"),
+                                parent_run_id=parent_run_id)
+        uri = cfg.logger.tracking_uri if cfg.logger.tracker == "mlflow" else None
+        trainer = TrainGroup(pg, layout, cfg.cluster.num_threads, uri, tracker.run_id if uri else None)
+        trainer.setup(model_cfg, cfg.algorithm, cfg.train, cfg.rollout.rollout_temperature,
+                      cfg.num_rollout * cfg.train.num_steps_per_rollout, cfg.rollout.rollout_max_response_len, cfg.seed)
+        manager = ray.remote(RolloutManager).options(num_cpus=0).remote(pg, layout, model_cfg, train_prompts, cfg.rollout, cfg.seed,
+                                                                        cfg.cluster.num_threads)
+
+        def teardown() -> None:
+            trainer.shutdown()
+            placement.shutdown(pg, started)
+
+        rollout = RemoteRollout(manager, on_shutdown=teardown)
+        comps = Components(tokenizer, train_prompts, eval_sets, RemoteSource(manager), trainer, rollout, RewardScorer(cfg.reward),
+                           tracker, sampling, output_dir=output_dir, resumed_from=resume)
+    except BaseException:
+        placement.shutdown(pg, started)
+        raise
+    if state is not None:
+        restore(comps, state)
+    return comps

@@ -1,0 +1,152 @@
+"""Resource layout: one placement group from slime's cluster keys, checked against the Ray cluster.
+
+One bundle per GPU: the actor slice (bundles 0 .. A-1, one data-parallel train rank each), then the
+rollout slice (A .. A+R-1, one engine per `rollout_num_gpus_per_engine` bundles). Colocated, the
+rollout slice *is* the actor slice (offset 0; the group has max(A, R) bundles) and a train rank and
+an engine share each bundle by halves. Without GPUs a "GPU" is a bundle of one CPU, so CI runs the
+same code. `plan_layout` and `layout_problems` are pure; the rest talks to Ray.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from slime_hydra.config.schema import ClusterConfig
+from slime_hydra.errors import UserError
+
+
+@dataclass(frozen=True)
+class Layout:
+    use_gpu: bool
+    colocate: bool
+    actor_bundles: tuple[int, ...]  # one per train rank
+    engine_bundles: tuple[tuple[int, ...], ...]  # the bundles of each rollout engine
+    num_bundles: int
+
+    @property
+    def bundle(self) -> dict[str, float]:
+        return {"GPU": 1.0, "CPU": 1.0} if self.use_gpu else {"CPU": 1.0}
+
+    @property
+    def share(self) -> float:
+        """The fraction of a bundle a train rank or an engine takes (halves when colocated)."""
+        return 0.5 if self.colocate else 1.0
+
+    def actor_options(self) -> dict[str, float]:
+        """Ray resource options of a train rank or an engine on its bundle."""
+        return {"num_cpus": self.share, "num_gpus": self.share if self.use_gpu else 0}
+
+
+def plan_layout(c: ClusterConfig, use_gpu: bool) -> Layout:
+    """The placement group of a validated ClusterConfig (rollout_num_gpus already derived)."""
+    actor = c.actor_num_nodes * c.actor_num_gpus_per_node
+    rollout = c.rollout_num_gpus
+    offset = 0 if c.colocate else actor
+    per = c.rollout_num_gpus_per_engine
+    engines = tuple(tuple(range(offset + e * per, offset + (e + 1) * per)) for e in range(rollout // per))
+    total = max(actor, rollout) if c.colocate else actor + rollout
+    return Layout(use_gpu, c.colocate, tuple(range(actor)), engines, total)
+
+
+def layout_problems(c: ClusterConfig, layout: Layout, total: dict[str, float], largest_node_gpus: float,
+                    where: str) -> list[str]:
+    """What the cluster (`total` resources, its largest node's GPUs) cannot hold, each with the fix."""
+    kind = "GPU" if layout.use_gpu else "CPU"
+    have = total.get(kind, 0.0)
+    actor = len(layout.actor_bundles)
+    ask = (f"cluster.actor_num_nodes × cluster.actor_num_gpus_per_node = {c.actor_num_nodes} × {c.actor_num_gpus_per_node} = {actor} "
+           f"train bundle(s) {'shared with' if c.colocate else 'plus'} cluster.rollout_num_gpus = {c.rollout_num_gpus} rollout bundle(s) "
+           f"(cluster.colocate={str(c.colocate).lower()}) = {layout.num_bundles} bundle(s) of {{{kind}: 1}}")
+    problems = []
+    if layout.num_bundles > have:
+        fix = "set cluster.colocate=true, " if not c.colocate else ""
+        problems.append(f"{ask}, but the Ray cluster ({where}) has {have:g} {kind}; {fix}lower cluster.actor_num_gpus_per_node "
+                        f"or cluster.rollout_num_gpus, or point cluster.address at a cluster with {layout.num_bundles} {kind}")
+    if layout.use_gpu and have >= layout.num_bundles and c.actor_num_gpus_per_node > largest_node_gpus:
+        problems.append(f"cluster.actor_num_gpus_per_node={c.actor_num_gpus_per_node}, but the largest node of the Ray cluster "
+                        f"({where}) has {largest_node_gpus:g} GPU; set cluster.actor_num_gpus_per_node<={largest_node_gpus:g} "
+                        "and raise cluster.actor_num_nodes")
+    if layout.use_gpu and total.get("CPU", 0.0) < layout.num_bundles:
+        problems.append(f"{ask}: each bundle also takes 1 CPU, but the Ray cluster ({where}) has {total.get('CPU', 0):g} CPU")
+    return problems
+
+
+# -- Ray ---------------------------------------------------------------------------------------
+def connect(c: ClusterConfig) -> tuple[bool, str]:
+    """Join (or start) the Ray cluster; returns (whether we started it, a description for messages)."""
+    import ray
+
+    if ray.is_initialized():  # a Hydra Ray launcher job, a test's cluster
+        return False, f"the connected cluster at {ray.get_runtime_context().gcs_address}"
+    address = c.address if c.address is not None else os.environ.get("RAY_ADDRESS")
+    if address in (None, "", "local"):
+        ray.init(address="local" if c.address == "local" else None, include_dashboard=False, logging_level="WARNING")
+        return True, "a new local cluster"
+    try:
+        ray.init(address=address, logging_level="WARNING")
+    except (ConnectionError, RuntimeError) as e:
+        raise UserError(f"cluster.address={address}: cannot connect to a Ray cluster there ({e}); start one with "
+                        "`ray start --head` or set cluster.address=local") from None
+    return False, f"cluster.address={address}"
+
+
+def resolve_use_gpu(c: ClusterConfig, total: dict[str, float]) -> bool:
+    if c.device == "cpu":
+        return False
+    if c.device == "cuda":
+        return True
+    return total.get("GPU", 0.0) > 0
+
+
+def create_placement_group(c: ClusterConfig, where: str):
+    """Check the layout against the cluster, then reserve it. Raises UserError (exit 2) naming the keys."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    total = ray.cluster_resources()
+    use_gpu = resolve_use_gpu(c, total)
+    layout = plan_layout(c, use_gpu)
+    largest = max((n["Resources"].get("GPU", 0.0) for n in ray.nodes() if n.get("Alive")), default=0.0)
+    problems = layout_problems(c, layout, total, largest, where)
+    if problems:
+        from slime_hydra.errors import ConfigError
+
+        raise ConfigError(problems)
+    pg = placement_group([layout.bundle] * layout.num_bundles, strategy="PACK")
+    ready = ray.wait([pg.ready()], timeout=c.placement_timeout_s)[0]
+    if not ready:
+        remove_placement_group(pg)
+        raise UserError(f"the placement group of {layout.num_bundles} bundle(s) of {layout.bundle} was not scheduled within "
+                        f"cluster.placement_timeout_s={c.placement_timeout_s:g} s on {where} (free now: "
+                        f"{ray.available_resources()}); other jobs hold the resources, or raise cluster.placement_timeout_s")
+    return pg, layout
+
+
+def on_bundle(pg, index: int) -> dict:
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index)}
+
+
+def node_ip_and_free_port() -> tuple[str, int]:
+    """Run inside rank 0: the address its process group listens on."""
+    import socket
+
+    import ray
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return ray.util.get_node_ip_address(), port
+
+
+def shutdown(pg: Optional[object], started: bool) -> None:
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    if pg is not None:
+        remove_placement_group(pg)
+    if started:
+        ray.shutdown()

@@ -1,0 +1,149 @@
+"""The rollout manager: a Ray actor owning the rollout engines and the data source, as in slime.
+
+Engines are Ray actors on the rollout slice of the placement group (one per
+`cluster.rollout_num_gpus_per_engine` bundles); the manager splits each batch of samples over them
+and gathers the results. The driver talks to the manager through two thin proxies that implement
+the Protocols the loop already uses (RolloutBackend, and the prompt source), so the loop is the same
+in one process and on a cluster. Weights go from train rank 0 to every engine through the object
+store; the driver only passes the reference along.
+
+Left out: engines other than `rollout.backend=local` (an SGLang engine would be another engine class
+on the same bundles), and rewards inside the manager (the driver scores, as in one process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Optional
+
+import ray
+
+from slime_hydra.config.schema import ModelConfig, RolloutConfig
+from slime_hydra.orchestration.placement import Layout, on_bundle
+from slime_hydra.types import Sample, SamplingParams
+
+
+class RolloutEngine:
+    """One `rollout.backend=local` engine (a Ray actor) on its bundle's device."""
+
+    def __init__(self, model: ModelConfig, seed: int, generation_batch_size: int, use_gpu: bool, num_threads: Optional[int]):
+        import torch
+
+        from slime_hydra.models.build import build_model, build_tokenizer
+        from slime_hydra.rollout.local import LocalRollout
+
+        torch.set_num_threads(num_threads or 1)
+        tok = build_tokenizer(model)
+        net = build_model(model, tok, seed).to("cuda" if use_gpu else "cpu")
+        self.engine = LocalRollout(net, tok, seed=seed, generation_batch_size=generation_batch_size)
+
+    def generate(self, samples: list[Sample], sampling: SamplingParams) -> list[Sample]:
+        return asyncio.run(self.engine.generate(samples, sampling))
+
+    def update_weights(self, named_tensors, version: int) -> None:
+        self.engine.update_weights(named_tensors, version)
+
+    def state_dict(self) -> dict:
+        return self.engine.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.engine.load_state_dict(state)
+
+
+class RolloutManager:
+    """Owns the engines and the prompt source (a Ray actor that itself takes no CPU)."""
+
+    def __init__(self, pg, layout: Layout, model: ModelConfig, prompts: list, rollout: RolloutConfig, seed: int,
+                 num_threads: Optional[int]):
+        from slime_hydra.data.source import PromptSource
+
+        # the prompts the driver loaded (and checked) once; the manager owns their order from here on
+        self.source = PromptSource(prompts, rollout.n_samples_per_prompt, rollout.rollout_shuffle, rollout.rollout_seed)
+        engine = ray.remote(RolloutEngine)
+        # engine e samples with seed + e: one engine draws exactly what the in-process rollout draws
+        self.engines = [engine.options(**layout.actor_options(), **on_bundle(pg, bundles[0])).remote(
+                            model, seed + e, rollout.generation_batch_size, layout.use_gpu, num_threads)
+                        for e, bundles in enumerate(layout.engine_bundles)]
+        self.weight_version = 0
+
+    def num_engines(self) -> int:
+        return len(self.engines)
+
+    def next_groups(self, num_groups: int) -> list[list[Sample]]:
+        return self.source.next_groups(num_groups)
+
+    def source_state(self) -> dict:
+        return self.source.state_dict()
+
+    def load_source_state(self, state: dict) -> None:
+        self.source.load_state_dict(state)
+
+    def generate(self, samples: list[Sample], sampling: SamplingParams) -> list[Sample]:
+        n = len(self.engines)
+        bounds = [len(samples) * e // n for e in range(n + 1)]  # contiguous, near-equal chunks
+        parts = ray.get([eng.generate.remote(samples[bounds[e] : bounds[e + 1]], sampling) for e, eng in enumerate(self.engines)])
+        return [s for part in parts for s in part]
+
+    def update_weights(self, weights_ref: list, version: int) -> None:
+        """`weights_ref` is [ObjectRef] (wrapped, so Ray hands it over unresolved): each engine fetches it."""
+        ray.get([eng.update_weights.remote(weights_ref[0], version) for eng in self.engines])
+        self.weight_version = version
+
+    def state_dict(self) -> dict:
+        return {"engines": ray.get([e.state_dict.remote() for e in self.engines]), "weight_version": self.weight_version}
+
+    def load_state_dict(self, state: dict) -> None:
+        ray.get([e.load_state_dict.remote(s) for e, s in zip(self.engines, state["engines"])])
+        self.weight_version = state["weight_version"]
+
+    def shutdown(self) -> None:
+        for e in self.engines:
+            ray.kill(e)
+
+
+class RemoteRollout:
+    """The driver's RolloutBackend: every call goes to the manager."""
+
+    def __init__(self, manager, on_shutdown=None):
+        self.manager = manager
+        self.weight_version = 0
+        self._on_shutdown = on_shutdown
+
+    async def generate(self, samples: list[Sample], sampling: SamplingParams) -> list[Sample]:
+        done = await self.manager.generate.remote(samples, sampling)
+        samples[:] = done  # fill the caller's list, as in-process engines fill its samples
+        return samples
+
+    def update_weights(self, named_tensors, version: int) -> None:
+        ref = getattr(named_tensors, "ref", None)
+        ray.get(self.manager.update_weights.remote([ref if ref is not None else ray.put(list(named_tensors))], version))
+        self.weight_version = version
+
+    def state_dict(self) -> dict:
+        return ray.get(self.manager.state_dict.remote())
+
+    def load_state_dict(self, state: dict) -> None:
+        ray.get(self.manager.load_state_dict.remote(state))
+        self.weight_version = state["weight_version"]
+
+    def shutdown(self) -> None:
+        ray.get(self.manager.shutdown.remote())
+        ray.kill(self.manager)
+        if self._on_shutdown is not None:
+            self._on_shutdown()
+
+
+class RemoteSource:
+    """The driver's prompt source: the manager's PromptSource."""
+
+    def __init__(self, manager):
+        self.manager = manager
+
+    def next_groups(self, num_groups: int) -> list[list[Sample]]:
+        return ray.get(self.manager.next_groups.remote(num_groups))
+
+    def state_dict(self) -> dict:
+        return ray.get(self.manager.source_state.remote())
+
+    def load_state_dict(self, state: dict) -> None:
+        ray.get(self.manager.load_source_state.remote(state))

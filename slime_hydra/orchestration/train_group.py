@@ -1,0 +1,174 @@
+"""The train group: one Ray actor per data-parallel rank, driven through the TrainBackend Protocol.
+
+As in slime's RayTrainGroup, the driver holds handles, not models. `async_train` returns one future
+per rank and `train_rollout` is `ray.get` of it, so a loop that wants training to overlap the next
+rollout calls the first and gets the result later: where the `ray.get` sits decides the
+synchronisation. Each optimizer step's samples are split evenly over the ranks; gradients are
+all-reduced inside the ranks (slime_hydra/training/distributed.py), so every rank holds the same
+weights and rank 0 answers for the group (weights, checkpoints, state). The SFT warm start gives every
+rank the whole batch: identical work, identical weights, no communication.
+
+Ranks log their own timings into the driver's MLflow run by run id (`perf/rank<r>_train_time_s`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator, Optional
+
+import ray
+import torch
+
+from slime_hydra.config.schema import AlgorithmConfig, ModelConfig, TrainConfig
+from slime_hydra.orchestration.placement import Layout, node_ip_and_free_port, on_bundle
+from slime_hydra.training.base import TrainBatch
+
+
+def split_for_ranks(batch: TrainBatch, num_steps: int, world_size: int) -> list[TrainBatch]:
+    """Rank r gets the r-th 1/world of every optimizer step's samples, steps kept in order."""
+    gbs = batch.num_samples // num_steps
+    local = gbs // world_size
+    out = []
+    for r in range(world_size):
+        idx = torch.cat([torch.arange(s * gbs + r * local, s * gbs + (r + 1) * local) for s in range(num_steps)])
+        out.append(batch.select(idx))
+    return out
+
+
+IDENTICAL_ON_RANKS = ("train/grad_norm", "train/lr")  # computed from the all-reduced gradient / the schedule
+
+
+def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Each rank's step metrics are its share of the step's (denominators are global): they add up."""
+    keys = dict.fromkeys(k for m in per_rank for k in m)  # a rank whose samples were all skipped has no loss keys
+    return {k: per_rank[0][k] if k in IDENTICAL_ON_RANKS else sum(m.get(k, 0.0) for m in per_rank) for k in keys}
+
+
+class TrainRank:
+    """One data-parallel rank (a Ray actor): a DataParallelTorchBackend on its bundle's device."""
+
+    def __init__(self, rank: int, world_size: int, use_gpu: bool, num_threads: Optional[int],
+                 tracking_uri: Optional[str], run_id: Optional[str]):
+        torch.set_num_threads(num_threads or 1)
+        self.rank, self.world_size = rank, world_size
+        self.device = torch.device("cuda" if use_gpu else "cpu")
+        self.tracking_uri, self.run_id = tracking_uri, run_id
+        self.trainer = None
+
+    def address(self) -> tuple[str, int]:
+        return node_ip_and_free_port()
+
+    def setup(self, init_method: str, model: ModelConfig, algorithm: AlgorithmConfig, train: TrainConfig, temperature: float,
+              total_steps: int, max_response_len: int, seed: int) -> None:
+        from slime_hydra.engine.build import seed_everything
+        from slime_hydra.models.build import build_model, build_tokenizer
+        from slime_hydra.training.distributed import DataParallelTorchBackend, init_process_group
+
+        init_process_group(self.rank, self.world_size, init_method, self.device)
+        seed_everything(seed)
+        net = build_model(model, build_tokenizer(model), seed)  # same seed: same initial weights on every rank
+        self.trainer = DataParallelTorchBackend(net, algorithm, train, temperature, total_steps, self.device,
+                                                max_response_len=max_response_len)
+
+    def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
+        t0 = time.perf_counter()
+        metrics = self.trainer.train_rollout(batch)
+        if self.run_id:
+            step = self.trainer.scheduler.last_epoch // self.trainer.cfg.num_steps_per_rollout
+            self._log({f"perf/rank{self.rank}_train_time_s": time.perf_counter() - t0}, step)
+        return metrics
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+        from mlflow.tracking import MlflowClient
+
+        ts = int(time.time() * 1000)
+        MlflowClient(self.tracking_uri).log_batch(self.run_id, metrics=[Metric(k, v, ts, step) for k, v in metrics.items()])
+
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        return [(n, t.detach().cpu()) for n, t in self.trainer.named_weights()]
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [p.detach().cpu().clone() for p in self.trainer.params]
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.trainer, name)(*args, **kwargs)
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class WeightsRef:
+    """rank 0's weights in the object store: iterating fetches them; a rollout manager takes `.ref` as is."""
+
+    def __init__(self, ref):
+        self.ref = ref
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(ray.get(self.ref))
+
+
+class TrainGroup:
+    """The driver's view of the ranks; implements TrainBackend."""
+
+    def __init__(self, pg, layout: Layout, num_threads: Optional[int], tracking_uri: Optional[str], run_id: Optional[str]):
+        world = len(layout.actor_bundles)
+        actor = ray.remote(TrainRank)
+        self.ranks = [actor.options(**layout.actor_options(), **on_bundle(pg, b)).remote(r, world, layout.use_gpu, num_threads,
+                                                                                          tracking_uri, run_id)
+                      for r, b in enumerate(layout.actor_bundles)]
+        self.num_steps = 1
+
+    def setup(self, model: ModelConfig, algorithm: AlgorithmConfig, train: TrainConfig, temperature: float, total_steps: int,
+              max_response_len: int, seed: int) -> None:
+        ip, port = ray.get(self.ranks[0].address.remote())
+        self.num_steps = train.num_steps_per_rollout
+        ray.get([r.setup.remote(f"tcp://{ip}:{port}", model, algorithm, train, temperature, total_steps, max_response_len, seed)
+                 for r in self.ranks])
+
+    # -- TrainBackend ------------------------------------------------------------------------
+    def async_train(self, batch: TrainBatch) -> list:
+        """One future per rank; ray.get them (or merge_metrics(ray.get(...))) where the loop should wait."""
+        parts = split_for_ranks(batch, self.num_steps, len(self.ranks))
+        return [r.train_rollout.remote(p) for r, p in zip(self.ranks, parts)]
+
+    def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
+        return merge_metrics(ray.get(self.async_train(batch)))
+
+    def reward_kl(self, batch: TrainBatch) -> torch.Tensor:
+        return ray.get(self.ranks[0].call.remote("reward_kl", batch))
+
+    def sft_step(self, batch: TrainBatch, lr: float) -> float:
+        return self._all("sft_step", batch, lr)
+
+    def named_weights(self) -> WeightsRef:
+        return WeightsRef(self.ranks[0].named_weights.remote())
+
+    def save_hf(self, path: str, tokenizer) -> None:
+        ray.get(self.ranks[0].call.remote("save_hf", path, tokenizer))
+
+    def state_dict(self) -> dict:
+        return ray.get(self.ranks[0].call.remote("state_dict"))
+
+    def load_state_dict(self, state: dict) -> None:
+        self._all("load_state_dict", state)
+
+    def parameters(self, rank: int = 0) -> list[torch.Tensor]:
+        return ray.get(self.ranks[rank].parameters.remote())
+
+    def _all(self, name: str, *args: Any) -> Any:
+        return ray.get([r.call.remote(name, *args) for r in self.ranks])[0]
+
+    def __getattr__(self, name: str):
+        """Other trainer methods (freeze_reference, end_warm_start, ...) run on every rank; rank 0 answers."""
+        if name.startswith("_") or name in ("ranks", "num_steps"):
+            raise AttributeError(name)
+        return lambda *args: self._all(name, *args)
+
+    def shutdown(self) -> None:
+        ray.get([r.shutdown.remote() for r in self.ranks])
+        for r in self.ranks:
+            ray.kill(r)
