@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from slime_hydra.agent.calculator import CalculatorEnv, final_answer_reward
+from slime_hydra.agent.calculator import final_answer_reward
 from slime_hydra.agent.env import StepResult, ToolError
 from slime_hydra.agent.hook import AgentRollout, check_generate, check_sample_overrides
 from slime_hydra.agent.metrics import agent_metrics
@@ -316,3 +316,16 @@ def test_per_sample_override_through_metadata():
     out = asyncio.run(rollout.generate(samples, SamplingParams(max_new_tokens=8, stop_token_ids=(EOS,))))
     assert "hook" not in out[0].metadata and out[0].response_length == 4  # the backend's own single turn
     assert out[1].metadata["hook"] == "?" and out[1].tokens == ids("12*35=") + ANSWER
+
+
+def test_sft_demonstrations_mask_the_observation_as_rl_does():
+    from slime_hydra.agent.calculator import demonstrations, evaluate
+    from slime_hydra.data.dataset import Prompt
+
+    (d,) = demonstrations([Prompt("12*34=", "12*34=", ids("12*34="), "408")], TOK)
+    (s,) = run(ScriptedBackend([CALL, ANSWER]), ["12*34="])
+    assert d.tokens == s.tokens and d.loss_mask == s.loss_mask and d.response_length == s.response_length
+    assert evaluate("347*829") == 287663 and evaluate("-2+3*4") == 10
+    for bad in ("2**8", "__import__('os')", "1/2", "9" * 7 + "*" + "9" * 7):
+        with pytest.raises(ToolError):
+            evaluate(bad)
