@@ -291,6 +291,16 @@ def check_agent(cfg: RunConfig, problems: list[str]) -> None:
     check_target("warmstart.custom_sft_samples", cfg.warmstart.custom_sft_samples, 2, problems)
 
 
+def check_agent(cfg: RunConfig, problems: list[str]) -> None:
+    """The custom generate hook binds its call (slime_hydra/agent/hook.py has the contract); the SFT samples hook too."""
+    from slime_hydra.agent.hook import check_generate
+
+    if cfg.rollout.max_turns < 1:
+        problems.append(f"rollout.max_turns={cfg.rollout.max_turns} must be >= 1")
+    check_generate("rollout.custom_generate", cfg.rollout.custom_generate, problems)
+    check_target("warmstart.custom_sft_samples", cfg.warmstart.custom_sft_samples, 2, problems)
+
+
 def check_reward(cfg: RunConfig, problems: list[str]) -> None:
     from slime_hydra.rewards.verifiers import known_rm_types
 
