@@ -21,8 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 from slime_hydra.config.preflight import compose_run
 from slime_hydra.data.dataset import load_prompts
 from slime_hydra.data.source import prompt_group
