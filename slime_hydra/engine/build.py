@@ -99,7 +99,16 @@ def build_trainer(cfg: RunConfig, model: torch.nn.Module, device: torch.device) 
                              max_response_len=cfg.rollout.rollout_max_response_len)
 
 
-def build_rollout(cfg: RunConfig, model: torch.nn.Module, tokenizer) -> RolloutBackend:
+def build_rollout(cfg: RunConfig, model: torch.nn.Module, tokenizer, output_dir: str = ".") -> RolloutBackend:
+    if cfg.rollout.backend == "sglang":
+        from slime_hydra.rollout.sglang.backend import SGLangRollout
+        from slime_hydra.rollout.sglang.checks import num_engines
+
+        c = cfg.cluster
+        offload = c.offload_rollout if c.offload_rollout is not None else c.colocate
+        return SGLangRollout(cfg.rollout, model, tokenizer, num_engines=num_engines(cfg), tp_size=c.rollout_num_gpus_per_engine,
+                             seed=cfg.seed, dtype=cfg.model.dtype, output_dir=output_dir, colocate=c.colocate,
+                             offload=offload, device=pick_device(c.device).type)
     from slime_hydra.rollout.local import LocalRollout
 
     return LocalRollout(model, tokenizer, seed=cfg.seed, generation_batch_size=cfg.rollout.generation_batch_size)
@@ -128,7 +137,7 @@ def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) 
     state = ckpt.load_state(resume) if resume else None
     tracker = build_tracker(cfg.logger, cfg.experiment_name, output_dir, resume_run_id=(state or {}).get("tracker_run_id"),
                             parent_run_id=parent_run_id)
-    rollout = wrap_rollout(build_rollout(cfg, model, tokenizer), tokenizer, cfg.rollout.custom_generate,
+    rollout = wrap_rollout(build_rollout(cfg, model, tokenizer, output_dir), tokenizer, cfg.rollout.custom_generate,
                            cfg.rollout.max_turns, metadatas)
     comps = Components(tokenizer, train_prompts, eval_sets, source, trainer, rollout,
                        RewardScorer(cfg.reward), tracker, sampling, output_dir=output_dir, resumed_from=resume,
