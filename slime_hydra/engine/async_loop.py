@@ -66,7 +66,8 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
             c.history.append((step, metrics))
             bar.update(metrics)
             if due(step, cfg.save_interval, cfg.num_rollout):  # save, with the rollouts still waiting
-                state = engine_state(c, rollout_id) | gen.state_dict()
+                waiting = gen.state_dict()  # drains the generation first: the buffer is at rest
+                state = engine_state(c, rollout_id) | waiting
                 ckpt.save_checkpoint(save_dir, rollout_id, lambda p: c.trainer.save_hf(p, c.tokenizer), state)
     finally:
         gen.close()

@@ -49,6 +49,8 @@ async def _collect(rollout, buffer: DataBuffer, scorer: RewardScorer, sampling: 
     kept: list[Group] = []
     dropped: list[tuple[Group, str]] = []
     rounds = returned = partial = 0
+    # a cooperative backend yields after every decode step: checking each time makes the abort point exact
+    poll = 0 if getattr(rollout, "cooperative", False) else 0.002
     while len(kept) < plan.rollout_batch_size:
         rounds += 1
         groups = buffer.get_groups(plan.over_sampling_batch_size)
@@ -80,7 +82,7 @@ async def _collect(rollout, buffer: DataBuffer, scorer: RewardScorer, sampling: 
                 break
             if task.done() and not finished:
                 break  # a backend that left samples unfinished without an abort: hand them back below
-            await asyncio.wait({task}, timeout=0.001)
+            await (asyncio.sleep(0) if poll == 0 else asyncio.wait({task}, timeout=poll))
         await task
         for g in pending:  # aborted, never started, or surplus: back to the buffer
             for s in g:
@@ -129,8 +131,10 @@ def rollout_plan(r) -> RolloutPlan:
 
 
 def write_rollout_data(template: str, rollout_id: int, got: Collected) -> None:
-    """save_debug_rollout_data: one line per sample, the trained ones and the dropped ones (with the reason)."""
-    path = Path(template.replace("{rollout_id}", str(rollout_id)))
+    """save_debug_rollout_data (a directory, or a path with "{rollout_id}"): one line per sample, the trained ones and
+    the dropped ones (with the reason)."""
+    name = f"rollout_{rollout_id:06d}.jsonl"
+    path = Path(template.replace("{rollout_id}", str(rollout_id)) if "{rollout_id}" in template else Path(template) / name)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [(s, "") for s in got.samples] + [(s, reason) for g, reason in got.dropped for s in g]
     with open(path, "w") as f:
