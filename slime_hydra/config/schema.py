@@ -356,7 +356,8 @@ class RunConfig:
     train_mode: str = "sync"
     async_buffer_size: int = 1  # async: rollouts that may be generated ahead of training (their staleness bound)
     update_weights_interval: int = 1  # rollouts between weight syncs to the rollout engine, never mid-generation
-    # write each rollout's samples (kept and dropped) as jsonl; "{rollout_id}" in the path is replaced
+    # a directory: each rollout's samples (kept and dropped) go to rollout_NNNNNN.jsonl in it; or a path
+    # with "{rollout_id}" (quote it on the command line: save_debug_rollout_data='dir/{rollout_id}.jsonl')
     save_debug_rollout_data: Optional[str] = None
     save: Optional[str] = None  # checkpoint directory; None: <output_dir>/checkpoints
     save_interval: Optional[int] = None  # rollouts between checkpoints; the last one is always saved
