@@ -17,7 +17,7 @@ from slime_hydra.algorithms.advantages import compute_advantages, ppo_advantages
 from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import AlgorithmConfig, EvalDatasetConfig, RolloutConfig
 from slime_hydra.data.dataset import Prompt
-from slime_hydra.data.source import PromptSource, prompt_group
+from slime_hydra.data.source import prompt_group
 from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.rollout.base import RolloutBackend
 from slime_hydra.training.base import TrainBackend, TrainBatch
@@ -34,12 +34,6 @@ def eval_sampling(ds: EvalDatasetConfig, rollout: SamplingParams) -> SamplingPar
     """A resolved eval dataset's sampling (its fallbacks were filled in by validation)."""
     return SamplingParams(ds.eval_temperature, ds.eval_top_p, ds.eval_top_k, ds.eval_max_response_len,
                           rollout.stop_token_ids, rollout.stop)
-
-
-def generate(rollout: RolloutBackend, source: PromptSource, num_groups: int, sampling: SamplingParams) -> list[Sample]:
-    groups = source.next_groups(num_groups)
-    samples = [s for g in groups for s in g]
-    return asyncio.run(rollout.generate(samples, sampling))
 
 
 def advantages(samples: list[Sample], algo: AlgorithmConfig, group_size: int, pad_id: int, trainer: TrainBackend) -> TrainBatch:
