@@ -57,7 +57,8 @@ class MegatronTrainBackend:
         self.config = transformer_config(model, parallel)
         self.sdpa = sdpa
         gpt = self._new_gpt()
-        self._load(gpt, hf_weights)
+        if hf_weights is not None:  # None: keep megatron's random initialisation (benchmarks)
+            self._load(gpt, hf_weights)
         self.gpt = gpt
         self.config.finalize_model_grads_func = lambda chunks, num_tokens=None, **kw: finalize_model_grads(chunks, None, **kw)
         self.ddp = DistributedDataParallel(self.config, DistributedDataParallelConfig(
@@ -91,11 +92,12 @@ class MegatronTrainBackend:
             for k, t in shard.items():
                 own[k].copy_(t.to(own[k].dtype))
 
-    def _optimizer(self, lr: float, weight_decay: float):
+    def _optimizer(self, lr: float, weight_decay: float, betas: Optional[tuple[float, float]] = None, eps: Optional[float] = None):
         dtype = DTYPES[self.mcfg.dtype]
         c = self.cfg
-        oc = OptimizerConfig(optimizer="adam", lr=lr, min_lr=c.min_lr, weight_decay=weight_decay, adam_beta1=c.adam_beta1,
-                             adam_beta2=c.adam_beta2, adam_eps=c.adam_eps, clip_grad=c.clip_grad if c.clip_grad > 0 else 0.0,
+        b1, b2 = betas or (c.adam_beta1, c.adam_beta2)
+        oc = OptimizerConfig(optimizer="adam", lr=lr, min_lr=c.min_lr, weight_decay=weight_decay, adam_beta1=b1,
+                             adam_beta2=b2, adam_eps=c.adam_eps if eps is None else eps, clip_grad=c.clip_grad if c.clip_grad > 0 else 0.0,
                              bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype,
                              use_distributed_optimizer=self.pcfg.use_distributed_optimizer)
         return get_megatron_optimizer(oc, [self.ddp])
@@ -197,7 +199,8 @@ class MegatronTrainBackend:
         keep = idx[(batch.advantages[idx] != 0).any(-1)] if self.cfg.skip_zero_advantage_samples else idx
         metric_mode = L.metric_aggregation(mode)
         metric_denom = max(1.0, L.step_denominator([batch.loss_mask[keep]], metric_mode))
-        mb_idx = [keep[s : s + self.cfg.micro_batch_size] for s in range(0, len(keep), self.cfg.micro_batch_size)]
+        mine = keep[ps.get_data_parallel_rank() :: ps.get_data_parallel_world_size()]  # this DP rank's share
+        mb_idx = [mine[s : s + self.cfg.micro_batch_size] for s in range(0, len(mine), self.cfg.micro_batch_size)]
         mbs = [batch.select(i) for i in mb_idx]
         for mb, i in zip(mbs, mb_idx):
             mb.idx = i  # the rows of old_all this micro-batch reads
@@ -209,11 +212,24 @@ class MegatronTrainBackend:
         for o in outs:
             for k, v in o.items():
                 m[f"train/{k}"] += float(v)
+        m = self._sum_over_dp(m)
         m["train/grad_norm"] = self._optimizer_step(self.optimizer, self.lr_at(self.steps_done) * self.cfg.lr)
         self.steps_done += 1
         m["train/lr"] = self.lr_at(self.steps_done) * self.cfg.lr
         m["train/kept_samples"] = float(len(keep))
         return dict(m)
+
+    def _sum_over_dp(self, m: dict[str, float]) -> dict[str, float]:
+        """Metrics are sums of per-micro-batch shares of the step (global denominators): add the DP ranks' shares."""
+        if ps.get_data_parallel_world_size() == 1:
+            return m
+        parts = [None] * ps.get_data_parallel_world_size()
+        dist.all_gather_object(parts, dict(m), group=ps.get_data_parallel_group())
+        out: dict[str, float] = defaultdict(float)
+        for part in parts:
+            for k, v in part.items():
+                out[k] += v
+        return out
 
     def _optimizer_step(self, optimizer, lr: float) -> float:
         for g in optimizer.param_groups:
@@ -277,7 +293,7 @@ class MegatronTrainBackend:
     # -- SFT warm start ----------------------------------------------------------------------
     def sft_step(self, batch: TrainBatch, lr: float) -> float:
         if self._sft_optimizer is None:
-            self._sft_optimizer = self._optimizer(lr, 0.0)
+            self._sft_optimizer = self._optimizer(lr, 0.0, betas=(0.9, 0.999), eps=1e-8)  # torch backend's SFT AdamW defaults
         mode = L.metric_aggregation(self.algo.loss_aggregation)
         denom = L.step_denominator([batch.loss_mask], mode)
 

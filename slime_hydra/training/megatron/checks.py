@@ -55,8 +55,9 @@ def check_megatron(cfg: RunConfig, problems: list[str]) -> None:
     if ep > 1 and (m.num_experts is None or m.num_experts % ep):
         problems.append(f"parallelism.expert_model_parallel_size={ep} must divide model.num_experts={m.num_experts}; "
                         "set it to 1 for a dense model")
-    if p.sequence_parallel and tp == 1:
-        problems.append("parallelism.sequence_parallel=true needs parallelism.tensor_model_parallel_size>1; set it false")
+    if p.sequence_parallel:  # megatron's torch-norm fallback asserts without sequence-parallel support
+        problems.append("parallelism.sequence_parallel=true needs Transformer Engine or Apex norms, which this backend does "
+                        "not use; set parallelism.sequence_parallel=false")
     if p.recompute_granularity not in (None, "full", "selective"):
         problems.append(f"parallelism.recompute_granularity={p.recompute_granularity!r} is not one of [null, 'full', 'selective']")
     if p.recompute_activations and p.recompute_granularity not in (None, "selective"):

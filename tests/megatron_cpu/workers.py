@@ -1,0 +1,71 @@
+"""Multi-process megatron runs on CPU (gloo) for the tests: one function per spawned rank."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+LAYOUTS = {  # name -> parallelism overrides (2 processes: what is not TP or PP is DP)
+    "tp2": {"tensor_model_parallel_size": 2},
+    "pp2": {"pipeline_model_parallel_size": 2},
+    "dp2": {"use_distributed_optimizer": True},
+}
+
+
+def tiny_setup(overrides: list[str] = ()):
+    """(cfg, tokenizer, HF model) of the embedded default with the megatron trainer."""
+    from slime_hydra.config.preflight import compose_run
+    from slime_hydra.config.store import register
+    from slime_hydra.models.build import build_model, build_tokenizer
+
+    register()
+    cfg = compose_run(["train=megatron", "train.num_steps_per_rollout=2", "train.micro_batch_size=1", "train.lr=1e-3",
+                       "rollout.rollout_batch_size=1", "rollout.n_samples_per_prompt=4", *overrides])
+    tok = build_tokenizer(cfg.model)
+    return cfg, tok, build_model(cfg.model, tok, cfg.seed)
+
+
+def fixed_batch():
+    """4 right-padded sequences of the char vocabulary, responses on the last positions, mixed advantages."""
+    from slime_hydra.training.base import TrainBatch
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 59, (4, 14), generator=g)
+    attn = torch.ones_like(ids)
+    attn[3, 11:] = 0  # one shorter sequence
+    ids[3, 11:] = 0
+    loss_mask = torch.zeros(4, 13)
+    loss_mask[:, 6:] = 1
+    loss_mask[3, 10:] = 0
+    adv = torch.tensor([1.0, -0.5, 0.7, -1.2]).unsqueeze(1) * loss_mask
+    return TrainBatch(ids, attn, loss_mask, adv)
+
+
+def run_layout(cfg, hf, parallel, out_dir: str, tag: str) -> dict:
+    """Convert, export, one train_rollout, log-probs after it; returns this rank's results."""
+    import dataclasses
+
+    from slime_hydra.training.megatron.backend import MegatronTrainBackend
+
+    par = dataclasses.replace(cfg.parallelism, **parallel)
+    b = MegatronTrainBackend(hf.state_dict(), hf.config, cfg.model, par, cfg.algorithm, cfg.train, 1.0, 10,
+                             torch.device("cpu"), seed=cfg.seed, max_response_len=8)
+    batch = fixed_batch()
+    before = b.compute_log_probs(batch)
+    b.save_hf(os.path.join(out_dir, f"{tag}_hf_before"))
+    metrics = b.train_rollout(batch)
+    after = b.compute_log_probs(batch)
+    return {"before": before, "after": after, "metrics": metrics}
+
+
+def spawn_main(rank: int, world: int, port: int, out_dir: str, layouts: list[str]) -> None:
+    from tests.megatron_cpu import shim
+
+    shim.install()
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    cfg, _, hf = tiny_setup()
+    for name in layouts:
+        res = run_layout(cfg, hf, LAYOUTS[name], out_dir, name)
+        torch.save(res, os.path.join(out_dir, f"{name}_rank{rank}.pt"))
