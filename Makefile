@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install run test test-all bench bench-algorithms clean
+.PHONY: help install run test test-all bench bench-algorithms bench-megatron clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -34,6 +34,9 @@ bench: $(STAMP) ## the embedded default against TRL's GRPOTrainer, same model/da
 
 bench-algorithms: $(STAMP) ## every algorithm= option from one warm start: held-out accuracy and wall time
 	$(PY) -m benchmarks.bench_algorithms
+
+bench-megatron: ## (GPU) megatron vs torch backend: train tokens/s, MFU, peak memory, Qwen3-0.6B/4B shapes, seq 2048
+	$(PY) -m benchmarks.bench_megatron
 
 clean: ## remove run outputs (keeps .venv)
 	rm -rf outputs multirun mlruns mlruns.db bench_out
