@@ -86,3 +86,16 @@ def test_next_rollout_samples_from_synced_weights():
     assert all(s.weight_version == 7 for s in after)
     for (name, p), (_, q) in zip(r.model.named_parameters(), other.named_parameters()):
         assert torch.equal(p, q), name
+
+
+def test_concurrent_generates_leave_autograd_on():
+    # two interleaved generate() coroutines (the async collector and an agent hook do this): grad mode is
+    # per thread, so a no_grad block held across an await would leave it off for the trainer
+    r = LocalRollout(model(), TOK, seed=0)
+
+    async def both():
+        await asyncio.gather(r.generate(fresh(4), SamplingParams(max_new_tokens=4)),
+                             r.generate(fresh(4, "5+5="), SamplingParams(max_new_tokens=6)))
+
+    asyncio.run(both())
+    assert torch.is_grad_enabled()

@@ -38,17 +38,13 @@ class LocalRollout:
         for start in range(0, len(samples), self.generation_batch_size):
             if self._aborted:
                 break  # the rest were never started: they stay as they are
-            await self._generate_chunk(samples[start : start + self.generation_batch_size], sampling)
+            await self._decode(samples[start : start + self.generation_batch_size], sampling)
         return samples
 
     def abort(self) -> None:
         """Stop the current generate() after its next decode step; unfinished samples keep their partial
         response with status ABORTED."""
         self._aborted = True
-
-    async def _generate_chunk(self, samples: list[Sample], sp: SamplingParams) -> None:
-        with torch.no_grad():  # inside: a decorator would not cover a coroutine's body
-            await self._decode(samples, sp)
 
     async def _decode(self, samples: list[Sample], sp: SamplingParams) -> None:
         from transformers import DynamicCache
@@ -68,7 +64,7 @@ class LocalRollout:
         ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [U, L]
         cache = DynamicCache(config=self.model.config)
-        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True).logits[:, -1]
+        logits = self._forward(ids, attn, pos, cache)
         if len(distinct) < B:
             rows = torch.tensor(inv, device=self.device)
             cache.batch_select_indices(rows)
@@ -97,11 +93,16 @@ class LocalRollout:
                 break
             attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=self.device)], dim=1)
             pos = pos[:, -1:] + 1
-            logits = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True).logits[:, -1]
+            logits = self._forward(tok[:, None], attn, pos, cache)
         if out_tokens and not bool(finished.all()):  # aborted: keep what each unfinished sample has
             toks, logps = torch.stack(out_tokens, 1).cpu(), torch.stack(out_logps, 1).float().cpu()  # [B, R]
             for i in (~finished).nonzero().flatten().tolist():
                 self._finish(samples[i], toks[i].tolist(), logps[i].tolist(), sp, True)
+
+    @torch.no_grad()  # per call, not around an await: grad mode is per thread, and coroutines interleave
+    def _forward(self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache) -> torch.Tensor:
+        """[B, V] next-token logits; the cache grows by the new positions."""
+        return self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True).logits[:, -1]
 
     def _gen_for(self, logits: torch.Tensor):
         return self.generator if logits.device.type == "cpu" else None
