@@ -58,7 +58,10 @@ def sglang_run(tmp_path_factory):
     local_cfg = compose_run(["experiment=grpo/qwen3-tiny-addition-cpu-local-torch-v1", *RUN])
     local = loop.run(local_cfg, build(local_cfg, str(out / "local")), str(out / "local_ckpt"))
     cfg = compose_run([EXPERIMENT, *RUN, "rollout.check_weight_update_equal=true", "rollout.rollout_health_check_interval=1",
-                       "rollout.rollout_health_check_first_wait=120", "rollout.sglang_router_policy=round_robin"])
+                       "rollout.rollout_health_check_first_wait=120", "rollout.sglang_router_policy=round_robin",
+                       # the router's own retries would re-send a dead engine's requests before the client sees
+                       # a failure; off, so the test counts the backend's re-dispatch
+                       "+rollout.sglang_router.disable_retries=true", "rollout.sglang_max_retries=12"])
     c = build(cfg, str(out))
     try:
         history = loop.run(cfg, c, str(out / "ckpt"))
