@@ -87,3 +87,31 @@ def test_parallel_layout_matches_single(single, parallel, layout):
     back = AutoModelForCausalLM.from_pretrained(parallel / f"{layout}_hf_before").state_dict()
     for k in hf_ref:  # export gathers TP shards / joins PP stage files: bit-exact
         assert torch.equal(back[k], hf_ref[k]), (layout, k)
+
+
+@pytest.mark.slow
+def test_cli_grpo_run_with_megatron_backend_raises_accuracy(tmp_path):
+    """The embedded default (SFT warm start, GRPO) through the CLI with train=megatron, 40 rollouts on CPU."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    args = ["train=megatron", "logger=none", "logger.progress_bar=false", "num_rollout=40", "eval.eval_interval=20",
+            f"hydra.run.dir={tmp_path}/run"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(workers_root())}
+    proc = subprocess.run([sys.executable, "-m", "tests.megatron_cpu.cli", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    acc = json.loads((tmp_path / "run" / "summary.json").read_text())["eval/addition/accuracy"]
+    assert acc["count"] == 3 and acc["last"] >= acc["first"] + 0.1, acc
+    ckpts = sorted((tmp_path / "run" / "checkpoints").glob("rollout_*"))
+    assert AutoModelForCausalLM.from_pretrained(ckpts[-1]) is not None  # save_hf wrote a loadable HF checkpoint
+
+
+def workers_root():
+    from tests.conftest import ROOT
+
+    return ROOT
