@@ -38,5 +38,8 @@ bench-algorithms: $(STAMP) ## every algorithm= option from one warm start: held-
 bench-megatron: ## (GPU) megatron vs torch backend: train tokens/s, MFU, peak memory, Qwen3-0.6B/4B shapes, seq 2048
 	$(PY) -m benchmarks.bench_megatron
 
+golden: $(STAMP) ## rewrite tests/golden/ (every experiment's composed config) after an intended change
+	$(PY) -m tests.test_experiments
+
 clean: ## remove run outputs (keeps .venv)
 	rm -rf outputs multirun mlruns mlruns.db bench_out

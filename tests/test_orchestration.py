@@ -146,7 +146,10 @@ def test_ray_backend_run_matches_in_process_run(ray_cluster, tmp_path):
     dist = json.loads((tmp_path / "ray" / "summary.json").read_text())
     for k in ("rollout/reward_mean", "rollout/response_len_mean", "eval/addition/accuracy"):
         assert dist[k]["first"] == local[k]["first"], k  # same weights, same sampler: same first rollout and eval
-    assert dist["train/pg_loss"]["first"] == pytest.approx(local["train/pg_loss"]["first"], abs=1e-5)
+    train_keys = sorted(k for k in local if k.startswith("train/"))
+    assert train_keys == sorted(k for k in dist if k.startswith("train/"))
+    for k in train_keys:  # 2 ranks' shares add up to the one-rank metric, to float32 rounding
+        assert dist[k]["first"] == pytest.approx(local[k]["first"], rel=1e-4, abs=1e-6), k
     assert (tmp_path / "ray" / "checkpoints" / "rollout_000001" / "model.safetensors").is_file()
 
     client = MlflowClient(db)

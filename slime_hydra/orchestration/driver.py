@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Optional
 
+from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import RunConfig
+from slime_hydra.data.buffer import DataBuffer
 from slime_hydra.engine import checkpoint as ckpt
 from slime_hydra.engine.build import Components, build_eval_sets, load_data, restore, seed_everything
 from slime_hydra.engine.steps import rollout_sampling
@@ -28,6 +30,9 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
     if cfg.train.backend != "torch" or cfg.rollout.backend != "local":
         raise UserError(f"cluster.backend=ray drives train.backend=torch ranks and rollout.backend=local engines so far (got "
                         f"train.backend={cfg.train.backend}, rollout.backend={cfg.rollout.backend}); set cluster.backend=local")
+    if cfg.algorithm.advantage_estimator == "ppo":
+        raise UserError("algorithm.advantage_estimator=ppo: the critic's gradients are not all-reduced over data-parallel ranks "
+                        "yet; set cluster.backend=local")
     seed_everything(cfg.seed)
     tokenizer = build_tokenizer(cfg.model)
     sampling = rollout_sampling(cfg.rollout, (tokenizer.eos_token_id,))
@@ -56,8 +61,10 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
             placement.shutdown(pg, started)
 
         rollout = RemoteRollout(manager, on_shutdown=teardown)
-        comps = Components(tokenizer, train_prompts, eval_sets, RemoteSource(manager), trainer, rollout, RewardScorer(cfg.reward),
-                           tracker, sampling, output_dir=output_dir, resumed_from=resume)
+        source = RemoteSource(manager)
+        comps = Components(tokenizer, train_prompts, eval_sets, source, trainer, rollout, RewardScorer(cfg.reward),
+                           tracker, sampling, output_dir=output_dir, resumed_from=resume,
+                           buffer=DataBuffer(source, load_target(cfg.rollout.buffer_filter)))
     except BaseException:
         placement.shutdown(pg, started)
         raise

@@ -111,8 +111,12 @@ class RemoteRollout:
 
     async def generate(self, samples: list[Sample], sampling: SamplingParams) -> list[Sample]:
         done = await self.manager.generate.remote(samples, sampling)
-        samples[:] = done  # fill the caller's list, as in-process engines fill its samples
+        for mine, theirs in zip(samples, done):  # fill the caller's objects in place, as an in-process engine does
+            mine.__dict__.update(theirs.__dict__)
         return samples
+
+    def abort(self) -> None:
+        """Engines are synchronous actors: a generate call runs to the end, so every sample comes back done."""
 
     def update_weights(self, named_tensors, version: int) -> None:
         ref = getattr(named_tensors, "ref", None)
