@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install run test test-all bench bench-algorithms bench-megatron clean
+.PHONY: help install run test test-all bench bench-rollout bench-algorithms bench-megatron clean golden
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -31,6 +31,10 @@ test-all: $(STAMP) ## every test, slow ones included
 
 bench: $(STAMP) ## the embedded default against TRL's GRPOTrainer, same model/data/reward/batch
 	$(PY) -m benchmarks.bench_grpo_vs_trl
+	$(PY) -m benchmarks.bench_rollout
+
+bench-rollout: $(STAMP) ## rollout tokens/s and weight-sync seconds: local vs sglang (two engines + router) on CPU
+	$(PY) -m benchmarks.bench_rollout
 
 bench-algorithms: $(STAMP) ## every algorithm= option from one warm start: held-out accuracy and wall time
 	$(PY) -m benchmarks.bench_algorithms
