@@ -71,8 +71,10 @@ def base_model() -> torch.nn.Module:
 
 
 def backend(algo: AlgorithmConfig, mbs: int, gbs: int = 8, steps: int = 1, skip: bool = True, lr: float = 1e-3) -> TorchTrainBackend:
+    # prefix_sharing off: these invariances are about micro-batching, to float64 round-off; sharing merges rows
+    # before transformers' float32 RMSNorm (~1e-7), and tests/test_prefix_sharing.py checks it against this path
     train = TrainConfig(micro_batch_size=mbs, global_batch_size=gbs, num_steps_per_rollout=steps, lr=lr, clip_grad=0.0,
-                        skip_zero_advantage_samples=skip)
+                        skip_zero_advantage_samples=skip, prefix_sharing=False)
     b = TorchTrainBackend(base_model(), algo, train, temperature=1.0, total_steps=10, device=CPU, max_response_len=MAX_LEN)
     b.freeze_reference()
     return b
