@@ -28,6 +28,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Optional
 
+from slime_hydra.config.plugins import import_target
 from slime_hydra.types import Sample, SamplingParams, Status
 
 HOOK_KWARGS = ("generate", "tokenizer", "sampling", "max_turns")
@@ -63,16 +64,8 @@ def check_generate(key: str, spec: Any, problems: list[str]) -> None:
     node = as_node(spec)
     if not node:
         return
-    target = node.get("_target_")
-    if not target:
-        problems.append(f"{key} needs a _target_ (a dotted path to an async generate function)")
-        return
-    try:
-        from hydra.utils import get_method
-
-        fn = get_method(target)
-    except Exception as e:  # noqa: BLE001 - any import failure is the user's to fix
-        problems.append(f"{key}._target_={target} does not import ({type(e).__name__}: {e}); fix the dotted path")
+    fn, target = import_target(key, node, problems, "an async generate function"), node.get("_target_")
+    if fn is None:
         return
     if not inspect.iscoroutinefunction(fn):
         problems.append(f"{key}._target_={target} must be an `async def` function (it awaits the backend's generate)")

@@ -1,4 +1,5 @@
-"""Resolve a `_target_` plug-in node into a callable (validation has already bound its signature)."""
+"""Resolve a `_target_` plug-in node into a callable: `import_target` at validation (reporting problems),
+`load_target` at build time (validation has already bound its signature)."""
 
 from __future__ import annotations
 
@@ -15,3 +16,18 @@ def load_target(node: Optional[dict[str, Any]]) -> Optional[Callable[..., Any]]:
     fn = get_method(node["_target_"])
     kwargs = {k: v for k, v in node.items() if k != "_target_"}
     return functools.partial(fn, **kwargs) if kwargs else fn
+
+
+def import_target(key: str, node: dict[str, Any], problems: list[str], what: str = "a function") -> Optional[Callable[..., Any]]:
+    """The node's `_target_` imported, or None with the problem (naming `key` and the fix) appended."""
+    target = node.get("_target_")
+    if not target:
+        problems.append(f"{key} needs a _target_ (a dotted path to {what})")
+        return None
+    try:
+        from hydra.utils import get_method
+
+        return get_method(target)
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's to fix
+        problems.append(f"{key}._target_={target} does not import ({type(e).__name__}: {e}); fix the dotted path")
+        return None

@@ -12,6 +12,7 @@ import inspect
 from pathlib import Path
 from typing import Any, Optional
 
+from slime_hydra.config.plugins import import_target
 from slime_hydra.config.schema import EvalDatasetConfig, RunConfig
 from slime_hydra.config.validate_buffer import check_buffer, derive_num_rollout
 
@@ -236,16 +237,8 @@ def check_target(key: str, node: Optional[dict], n_positional: int, problems: li
     """A `_target_` plug-in must import, and its signature must take the call we will make."""
     if not node:
         return
-    target = node.get("_target_")
-    if not target:
-        problems.append(f"{key} needs a _target_ (a dotted path to a function)")
-        return
-    try:
-        from hydra.utils import get_method
-
-        fn = get_method(target)
-    except Exception as e:  # noqa: BLE001 - any import failure is the user's to fix
-        problems.append(f"{key}._target_={target} does not import ({type(e).__name__}: {e}); fix the dotted path")
+    fn, target = import_target(key, node, problems), node.get("_target_")
+    if fn is None:
         return
     kwargs = {k: v for k, v in node.items() if k != "_target_"}
     try:
