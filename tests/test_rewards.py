@@ -212,3 +212,16 @@ def test_multi_task_eval_logs_both_datasets_and_writes_samples(tmp_path):
     assert len(rows) == 200 * 4 and {"prompt", "response", "label", "reward"} <= set(rows[0])
     assert {a.path for a in client.list_artifacts(run.info.run_id, "eval/subtraction")} == {
         "eval/subtraction/step_000000.jsonl", "eval/subtraction/step_000002.jsonl"}
+
+
+def test_math_equivalence_works_outside_the_main_thread():
+    # the async collector scores in a worker thread, where math-verify's signal.alarm timeout cannot be set
+    import threading
+
+    from slime_hydra.rewards.verifiers import equivalent
+
+    out = {}
+    t = threading.Thread(target=lambda: out.update(v=equivalent("\\frac{1}{2}", "0.5")))
+    t.start()
+    t.join()
+    assert out["v"] is True

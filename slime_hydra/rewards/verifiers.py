@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import string
+import threading
 from collections import Counter
 from typing import Callable, Optional, Union
 
@@ -47,6 +48,9 @@ def _normalize(s: str) -> str:
     return s[:-2] if s.endswith(".0") else s
 
 
+MATH_VERIFY_TIMEOUT_S = 30
+
+
 def equivalent(pred: str, label: str) -> bool:
     """Mathematical equivalence via math-verify, falling back to normalised string equality."""
     a, b = _normalize(pred), _normalize(label)
@@ -54,11 +58,14 @@ def equivalent(pred: str, label: str) -> bool:
         return True
     if _PLAIN_NUMBER.fullmatch(a) and _PLAIN_NUMBER.fullmatch(b):  # the common case, without a sympy parse
         return abs(float(a) - float(b)) < 1e-9
+    # math-verify times out with signal.alarm, which only the main thread may set: elsewhere (the async
+    # collector's worker) no timeout; in the main thread a generous one (a loaded CPU slows the first parse)
+    t = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     try:
         from math_verify import parse, verify
 
-        gold, guess = parse(f"${label}$"), parse(f"${pred}$")
-        return bool(gold and guess and verify(gold, guess))
+        gold, guess = parse(f"${label}$", parsing_timeout=t), parse(f"${pred}$", parsing_timeout=t)
+        return bool(gold and guess and verify(gold, guess, timeout_seconds=t))
     except Exception:  # noqa: BLE001 - an unparsable answer is simply not equivalent
         return False
 
