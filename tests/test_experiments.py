@@ -37,7 +37,8 @@ def compose(name: str):
 
 def golden_text(cfg) -> str:
     body = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])
-    return f"# composed by `slime-hydra experiment=...`; regenerate with `make golden`\n{OmegaConf.to_yaml(body, resolve=True)}"
+    text = OmegaConf.to_yaml(body, resolve=True).replace(str(ROOT), "<repo>")  # ${asset:...} paths: clone-independent
+    return f"# composed by `slime-hydra experiment=...`; regenerate with `make golden`\n{text}"
 
 
 def golden_path(name: str) -> Path:
