@@ -24,7 +24,7 @@ from slime_hydra.algorithms import losses as L
 from slime_hydra.algorithms import surrogates as S
 from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
-from slime_hydra.training.base import TrainBatch
+from slime_hydra.training.base import TrainBatch, shaping_kl
 from slime_hydra.training.critic import TorchCritic
 from slime_hydra.training.prefix import shared_prefix_logits
 from slime_hydra.training.schedule import lr_multiplier
@@ -87,13 +87,7 @@ class TorchTrainBackend:
 
     @torch.no_grad()
     def reward_kl(self, batch: TrainBatch) -> torch.Tensor:
-        """[N, T] KL(pi_old || ref) on the loss mask, for algorithm.kl_coef's reward shaping (slime: from the
-        recomputed log-probs, or the rollout's with use_rollout_logprobs; estimator algorithm.kl_loss_type)."""
-        if self.ref_model is None:
-            raise RuntimeError("reward_kl needs the reference model: call freeze_reference() first (algorithm.kl_coef != 0)")
-        old = batch.rollout_log_probs if self.algo.use_rollout_logprobs else self.compute_log_probs(batch)
-        ref = self.compute_log_probs(batch, self.ref_model)
-        return L.kl_estimate(old, ref, self.algo.kl_loss_type) * batch.loss_mask  # [N, T]
+        return shaping_kl(batch, self.algo, self.compute_log_probs, self.ref_model)
 
     # -- RL ----------------------------------------------------------------------------------
     def train_rollout(self, batch: TrainBatch) -> dict[str, float]:

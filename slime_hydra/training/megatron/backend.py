@@ -32,7 +32,7 @@ from slime_hydra.algorithms import losses as L
 from slime_hydra.algorithms import surrogates as S
 from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import AlgorithmConfig, ModelConfig, ParallelismConfig, TrainConfig
-from slime_hydra.training.base import TrainBatch
+from slime_hydra.training.base import TrainBatch, shaping_kl
 from slime_hydra.training.megatron import convert
 from slime_hydra.training.megatron.logprobs import vocab_parallel_logprobs
 from slime_hydra.training.megatron.model import DTYPES, build_gpt, padded_vocab_size, transformer_config
@@ -171,11 +171,7 @@ class MegatronTrainBackend:
 
     @torch.no_grad()
     def reward_kl(self, batch: TrainBatch) -> torch.Tensor:
-        if self.ref is None:
-            raise RuntimeError("reward_kl needs the reference model: call freeze_reference() first (algorithm.kl_coef != 0)")
-        old = batch.rollout_log_probs if self.algo.use_rollout_logprobs else self.compute_log_probs(batch)
-        ref = self.compute_log_probs(batch, self.ref)
-        return L.kl_estimate(old, ref, self.algo.kl_loss_type) * batch.loss_mask  # [N, T]
+        return shaping_kl(batch, self.algo, self.compute_log_probs, self.ref)
 
     # -- RL ----------------------------------------------------------------------------------
     def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
