@@ -186,7 +186,7 @@ class RolloutConfig:
     sglang_max_retries: int = 5  # per request (transport errors, 5xx, stale weights), exponential backoff
     sglang_retry_backoff_s: float = 0.5
     sglang_server_start_timeout_s: float = 600.0
-    weight_sync: str = "auto"  # auto (tensor when colocated, else disk) | tensor | disk
+    weight_sync: str = "auto"  # auto (tensor when colocated, else distributed) | tensor | distributed (gloo/NCCL group) | disk
     update_weight_buffer_size: int = 512 * 1024**2  # bytes per weight-sync bucket (slime's default)
     check_weight_update_equal: bool = False  # after each sync, compare every engine's weights with the trainer's
     use_fault_tolerance: bool = False  # health checks, restart of dead engines, resync, re-dispatch

@@ -23,7 +23,9 @@ import httpx
 import torch
 
 from slime_hydra.config.schema import RolloutConfig
+from slime_hydra.rollout.sglang import distributed as D
 from slime_hydra.rollout.sglang import weights as W
+from slime_hydra.rollout.sglang.checks import weight_sync_mode
 from slime_hydra.rollout.sglang.client import Generated, RouterClient
 from slime_hydra.rollout.sglang.engines import Engine, EngineGroup
 from slime_hydra.types import Sample, SamplingParams, Status
@@ -35,7 +37,7 @@ class SGLangRollout:
     def __init__(self, cfg: RolloutConfig, model: torch.nn.Module, tokenizer, *, num_engines: int, tp_size: int,
                  seed: int, dtype: str, output_dir: str, colocate: bool, offload: bool, device: str):
         self.cfg, self.tokenizer, self.tp_size, self.dtype = cfg, tokenizer, tp_size, dtype
-        self.mode = cfg.weight_sync if cfg.weight_sync != "auto" else ("tensor" if colocate else "disk")
+        self.mode = weight_sync_mode(cfg.weight_sync, colocate)
         self.device, self.offload = device, offload
         self.dir = Path(output_dir) / "sglang"
         self.init_dir = self.dir / "model_init"
@@ -49,6 +51,7 @@ class SGLangRollout:
         self.synced_version: Optional[int] = None  # None until the first sync: engines report "default"
         self._last_weights: list[tuple[str, torch.Tensor]] = []
         self._last_disk: Optional[Path] = None
+        self._groups: dict[int, D.UpdateGroup] = {}  # weight_sync=distributed: one update group per engine
         self._sync_lock = threading.Lock()
         self._aborted = False
         self._released = False
@@ -160,11 +163,16 @@ class SGLangRollout:
         try:
             if self.mode == "tensor":
                 W.update_from_tensors(e.url, tensors, version, self.tp_size, self.cfg.update_weight_buffer_size, self.dtype, timeout)
+            elif self.mode == "distributed":
+                self._groups[e.index] = g = D.new_group(e.url, e.index, e.launches, self.tp_size, self.device, timeout,
+                                                        self._groups.get(e.index))
+                g.send(tensors, version, self.cfg.update_weight_buffer_size, self.dtype)
+            else:
+                W.update_from_disk(e.url, self._last_disk, version, timeout)
+            if self.mode != "disk":  # update_weights_from_disk flushes itself
                 r = W.post(e.url, "/flush_cache", {}, timeout)
                 if r.status_code != 200:  # the next prefill recomputes; only the radix cache is stale
                     log.warning("sglang engine %d: flush_cache after a weight update answered %d", e.index, r.status_code)
-            else:
-                W.update_from_disk(e.url, self._last_disk, version, timeout)
         finally:
             if paused:
                 W.post(e.url, "/continue_generation", {}, timeout)

@@ -6,9 +6,14 @@ from slime_hydra.config.schema import RunConfig
 from slime_hydra.rollout.sglang.server_args import (ROUTER_RUNNER_KEYS, RUNNER_KEYS, check_pass_through,
                                                      router_arg_fields, server_arg_fields)
 
-WEIGHT_SYNC = ("auto", "tensor", "disk")
+WEIGHT_SYNC = ("auto", "tensor", "distributed", "disk")
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "bucket", "manual", "consistent_hashing",
                    "prefix_hash")
+
+
+def weight_sync_mode(weight_sync: str, colocate: bool) -> str:
+    """auto: from tensors when the engines share the trainer's devices, else over an update group."""
+    return weight_sync if weight_sync != "auto" else ("tensor" if colocate else "distributed")
 
 
 def num_engines(cfg: RunConfig) -> int:
@@ -24,6 +29,10 @@ def check_sglang(cfg: RunConfig, problems: list[str]) -> None:
                                    "sglang-router's RouterArgs")
     if r.weight_sync not in WEIGHT_SYNC:
         problems.append(f"rollout.weight_sync={r.weight_sync!r} is not one of {list(WEIGHT_SYNC)}")
+    if weight_sync_mode(r.weight_sync, c.colocate) == "distributed" and (r.sglang.get("dp_size") or 1) > 1:
+        # sglang asserts dp_size == 1 for update groups (tokenizer_control_mixin.update_weights_from_distributed)
+        problems.append(f"rollout.weight_sync=distributed needs rollout.sglang.dp_size=1 (got {r.sglang['dp_size']}); "
+                        "set rollout.weight_sync=disk or drop rollout.sglang.dp_size")
     if r.sglang_router_policy not in ROUTER_POLICIES:
         problems.append(f"rollout.sglang_router_policy={r.sglang_router_policy!r} is not one of {list(ROUTER_POLICIES)}")
     gpus = c.rollout_num_gpus if c.rollout_num_gpus is not None else c.actor_num_nodes * c.actor_num_gpus_per_node

@@ -1,0 +1,128 @@
+"""Weight sync over a distributed update group (disaggregated engines): `rollout.weight_sync=distributed`.
+
+Per engine, one torch process group of 1 + tp ranks: rank 0 is this process (it holds the trainer's
+tensors), ranks 1..tp are the engine's tp workers, joined by SGLang's /init_weights_update_group.
+A bucket (at most `update_weight_buffer_size` bytes, one dtype) is one /update_weights_from_distributed
+request naming its tensors, dtypes and shapes; while the engine waits in it, rank 0 broadcasts the
+tensors in that order. The backend is gloo on CPU and NCCL on CUDA (the device of the tensors).
+One group per engine, not one for all: a restarted engine gets a new group without touching the
+others (slime uses one group; on many engines that broadcasts once instead of once per engine).
+Left out: engines on other hosts (the master address is the loopback; it would be this host's IP).
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from typing import Optional
+
+import torch
+
+from slime_hydra.rollout.sglang import weights as W
+from slime_hydra.rollout.sglang.process import free_port
+
+
+def open_rank0_group(backend: str, port: int, world_size: int, group_name: str, timeout_s: float):
+    """Rank 0 of a process group outside torch's default group, rendezvous at tcp://127.0.0.1:port.
+
+    The same torch calls SGLang's engine side makes (rendezvous, a store prefixed by the group name,
+    a group built on that store), so both sides meet on the same keys; no sglang import here."""
+    from torch.distributed import distributed_c10d as c10d
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store, rank, world_size = next(c10d.rendezvous(f"tcp://127.0.0.1:{port}", 0, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    store = c10d.PrefixStore(group_name, store)
+    pg, _ = c10d._new_process_group_helper(world_size, rank, [], c10d.Backend(backend), store, group_name=group_name,
+                                           timeout=timeout)
+    c10d._world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
+
+
+def _post_in_thread(url: str, path: str, body: dict, timeout: float) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def go() -> None:
+        try:
+            out["response"] = W.post(url, path, body, timeout)
+        except Exception as e:  # noqa: BLE001 - reported by the caller after join
+            out["error"] = e
+
+    t = threading.Thread(target=go, name=f"sglang{path}", daemon=True)
+    t.start()
+    return t, out
+
+
+def _result(t: threading.Thread, out: dict, what: str, timeout: float) -> dict:
+    t.join(timeout)
+    if t.is_alive():
+        raise W.WeightSyncError(f"{what}: no answer within {timeout:.0f} s")
+    if "error" in out:
+        raise W.WeightSyncError(f"{what}: {out['error']!r}")
+    return W.ok(out["response"], what)
+
+
+class UpdateGroup:
+    """This process (rank 0) and one engine's tp ranks; `send` pushes named tensors to the engine."""
+
+    def __init__(self, url: str, tp_size: int, backend: str, timeout_s: float, name: str):
+        self.url, self.tp_size, self.backend, self.timeout_s, self.name = url, tp_size, backend, timeout_s, name
+        self.device = "cpu" if backend == "gloo" else "cuda"
+        self.pg = None
+
+    def open(self) -> None:
+        port = free_port()
+        body = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 1 + self.tp_size,
+                "group_name": self.name, "backend": self.backend}
+        t, out = _post_in_thread(self.url, "/init_weights_update_group", body, self.timeout_s)
+        try:
+            self.pg = open_rank0_group(self.backend, port, 1 + self.tp_size, self.name, self.timeout_s)
+        except Exception as e:
+            t.join(self.timeout_s)
+            detail = out.get("response").text[:300] if "response" in out else out.get("error")
+            raise W.WeightSyncError(f"init_weights_update_group({self.backend}) with {self.url} failed: {e!r}; "
+                                    f"engine: {detail}") from e
+        _result(t, out, f"init_weights_update_group({self.backend}) on {self.url}", self.timeout_s)
+
+    def send(self, named_tensors: list[tuple[str, torch.Tensor]], version: int, buffer_bytes: int, dtype: str) -> int:
+        """All buckets to the engine (inside its weight-update session); returns the number of buckets."""
+        if self.pg is None:
+            self.open()
+        session = W.has_endpoint(self.url, "/begin_weight_update")
+        n = 0
+        try:
+            for bucket in W.buckets(named_tensors, buffer_bytes):
+                tensors = [t.detach().to(self.device, W.DTYPES[dtype]).contiguous() for _, t in bucket]
+                body = {"names": [name for name, _ in bucket], "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors],
+                        "shapes": [list(t.shape) for t in tensors], "group_name": self.name, "flush_cache": False,
+                        "weight_version": str(version)}
+                th, out = _post_in_thread(self.url, "/update_weights_from_distributed", body, self.timeout_s)
+                try:
+                    for t in tensors:  # the engine receives in the order of `names`
+                        torch.distributed.broadcast(t, src=0, group=self.pg)
+                except Exception as e:
+                    self.pg = None  # a failed collective leaves the group unusable: open a new one next time
+                    raise W.WeightSyncError(f"broadcast to {self.url} ({self.backend}) failed: {e!r}") from e
+                _result(th, out, f"update_weights_from_distributed on {self.url}", self.timeout_s)
+                n += 1
+        finally:
+            if session:
+                W.ok(W.post(self.url, "/end_weight_update", {}, self.timeout_s), "end_weight_update")
+        return n
+
+
+def group_backend(device_type: str) -> str:
+    return "gloo" if device_type == "cpu" else "nccl"
+
+
+def group_name(engine_index: int, launch: int) -> str:
+    return f"slime_hydra_engine{engine_index}_launch{launch}"
+
+
+def new_group(url: str, engine_index: int, launch: int, tp_size: int, device_type: str, timeout_s: float,
+              old: Optional[UpdateGroup] = None) -> UpdateGroup:
+    """The engine's group for this launch (a relaunched engine has none of the old one's state)."""
+    name = group_name(engine_index, launch)
+    if old is not None and old.name == name:
+        return old
+    return UpdateGroup(url, tp_size, group_backend(device_type), timeout_s, name)
