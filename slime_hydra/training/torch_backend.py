@@ -21,11 +21,11 @@ from typing import Iterator, Optional
 import torch
 
 from slime_hydra.algorithms import losses as L
-from slime_hydra.algorithms import surrogates as S
 from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.training.base import TrainBatch, shaping_kl
 from slime_hydra.training.critic import TorchCritic
+from slime_hydra.training.policy_loss import old_log_probs, policy_loss
 from slime_hydra.training.prefix import shared_prefix_logits
 from slime_hydra.training.schedule import lr_multiplier
 
@@ -151,56 +151,21 @@ class TorchTrainBackend:
 
     def _micro_batch_loss(self, mb: TrainBatch, mb_idx: torch.Tensor, old_all: Optional[torch.Tensor], denom: float):
         """One micro-batch: (loss, scalar terms, per-token metrics, mask). Scalars sum exactly over micro-batches."""
-        a, mode = self.algo, self.algo.loss_aggregation
+        a = self.algo
         mask, adv = mb.loss_mask.to(self.device), mb.advantages.to(self.device)
         logits = self._logits(self.model, mb)
-        logp = L.log_probs_from_logits(logits, mb.input_ids[:, 1:].to(self.device), self.temperature)  # [n, T]
-        old = self._old(mb, mb_idx, logp, old_all)  # [n, T]
-        pg_tok, clipped, ppo_kl = self._surrogate(logp, old, adv, mask)
-        per_token = {"pg_clipfrac": clipped, "ppo_kl": ppo_kl}
+        targets = mb.input_ids[:, 1:].to(self.device)
+        logp = L.log_probs_from_logits(logits, targets, self.temperature)  # [n, T]
+        ent = L.entropy_from_logits(logits if a.entropy_coef else logits.detach(), self.temperature)  # [n, T]
         rollout_lp = mb.rollout_log_probs.to(self.device) if mb.rollout_log_probs is not None else None
-        if a.use_tis:
-            w, per_token["tis_clipfrac"] = S.tis_weights(old, rollout_lp, a.tis_clip_low, a.tis_clip)
-            pg_tok = pg_tok * w
-        pg_loss = L.aggregate(pg_tok, mask, mode, denom)
-        scalars = {"pg_loss": pg_loss}
-        ent = L.entropy_from_logits(logits if a.entropy_coef else logits.detach(), self.temperature)
-        per_token["entropy"] = ent
-        loss = pg_loss - a.entropy_coef * L.aggregate(ent, mask, mode, denom) if a.entropy_coef else pg_loss
-        if a.use_kl_loss:
-            scalars["kl_loss"] = L.aggregate(self._kl_loss_tokens(mb, logp, old), mask, mode, denom)
-            loss = loss + a.kl_loss_coef * scalars["kl_loss"]
-        scalars["loss"] = loss
-        if rollout_lp is not None:
-            # slime's train_rollout_logprob_abs_diff: the trainer's old log-probs (current ones when they are the rollout's)
-            per_token["rollout_logprob_abs_diff"] = ((logp.detach() if a.use_rollout_logprobs else old) - rollout_lp).abs()
+        old = old_log_probs(a, logp, rollout_lp, None if old_all is None else old_all[mb_idx])  # [n, T]
+
+        def ref_logp():
+            with torch.no_grad():
+                return L.log_probs_from_logits(self._logits(self.ref_model, mb), targets, self.temperature)
+
+        loss, scalars, per_token = policy_loss(a, self.custom_loss, logp, ent, old, adv, mask, rollout_lp, ref_logp, denom)
         return loss, scalars, per_token, mask
-
-    def _old(self, mb: TrainBatch, mb_idx: torch.Tensor, logp: torch.Tensor, old_all: Optional[torch.Tensor]) -> torch.Tensor:
-        """Old log-probs: the rollout's (use_rollout_logprobs), recomputed before the rollout, or this pass detached."""
-        if self.algo.use_rollout_logprobs:
-            return mb.rollout_log_probs.to(self.device, logp.dtype)
-        if old_all is not None:
-            return old_all[mb_idx, : logp.shape[1]].to(self.device, logp.dtype)
-        return logp.detach()
-
-    def _surrogate(self, logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor):
-        """(loss [n, T], clipped [n, T], ppo_kl [n, T]) of the surrogate algorithm.advantage_estimator selects."""
-        a = self.algo
-        if self.custom_loss is not None:
-            return self.custom_loss(logp, old, adv, mask), torch.zeros_like(logp), old - logp
-        if a.advantage_estimator == "gspo":
-            return S.gspo_loss(logp, old, adv, mask, a.eps_clip, a.eps_clip_high, a.eps_clip_c)
-        if a.advantage_estimator == "cispo":
-            return S.cispo_loss(logp, old, adv, a.eps_clip, a.eps_clip_high)
-        return L.ppo_clip_loss(logp, old, adv, a.eps_clip, a.eps_clip_high, a.eps_clip_c)
-
-    def _kl_loss_tokens(self, mb: TrainBatch, logp: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            ref = L.log_probs_from_logits(self._logits(self.ref_model, mb), mb.input_ids[:, 1:].to(self.device), self.temperature)
-        if self.algo.use_unbiased_kl:
-            return L.unbiased_kl_estimate(logp, ref, old, self.algo.kl_loss_type)  # [n, T]
-        return L.kl_estimate(logp, ref, self.algo.kl_loss_type)  # [n, T]
 
     def _zero_grads(self) -> None:
         # zeros, not None: AdamW skips parameters without grads, which would make leaving
