@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install run test test-all bench bench-rollout bench-algorithms bench-megatron clean golden
+.PHONY: help install run test test-all bench bench-rollout bench-algorithms bench-megatron bench-sglang-gpu clean golden
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -41,6 +41,9 @@ bench-algorithms: $(STAMP) ## every algorithm= option from one warm start: held-
 
 bench-megatron: ## (GPU) megatron vs torch backend: train tokens/s, MFU, peak memory, Qwen3-0.6B/4B shapes, seq 2048
 	$(PY) -m benchmarks.bench_megatron
+
+bench-sglang-gpu: ## (GPU) sglang backend vs raw sgl.Engine tok/s, weight sync, colocated GRPO, sync vs async; 0.6B shape
+	$(PYTHON) -m benchmarks.bench_sglang_gpu all
 
 golden: $(STAMP) ## rewrite tests/golden/ (every experiment's composed config) after an intended change
 	$(PY) -m tests.test_experiments

@@ -146,6 +146,28 @@ def update_from_disk(url: str, path: Path, version: int, timeout: float) -> None
             timeout), "update_weights_from_disk")
 
 
+# SGLang's native models (on GPU) hold q/k/v and gate/up as one tensor each, concatenated along dim 0
+FUSED = ((("q_proj", "k_proj", "v_proj"), "qkv_proj"), (("gate_proj", "up_proj"), "gate_up_proj"))
+
+
+def engine_layout(named_tensors: list[tuple[str, torch.Tensor]], engine_names) -> list[tuple[str, torch.Tensor]]:
+    """The trainer's HF-named tensors under the engine's names: fused where the engine has only the fused
+    name (`...self_attn.qkv_proj.weight` = cat(q, k, v)); unchanged otherwise (the transformers model
+    implementation on CPU keeps HF names)."""
+    have = dict(named_tensors)
+    fused, used = [], set()
+    for parts, into in FUSED:
+        for name in have:
+            if f".{parts[0]}." not in name:
+                continue
+            names = [name.replace(f".{parts[0]}.", f".{p}.") for p in parts]
+            target = name.replace(f".{parts[0]}.", f".{into}.")
+            if target in engine_names and name not in engine_names and all(n in have for n in names):
+                fused.append((target, torch.cat([have[n] for n in names], 0)))
+                used.update(names)
+    return [(n, t) for n, t in named_tensors if n not in used] + fused
+
+
 def check_equal(url: str, named_tensors: list[tuple[str, torch.Tensor]], dtype: str, timeout: float) -> int:
     """Compare the engine's weights with the trainer's, tensor by tensor; returns how many were compared.
 
@@ -168,6 +190,7 @@ def check_equal(url: str, named_tensors: list[tuple[str, torch.Tensor]], dtype: 
             padded = torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])]) if t.dim() == 2 and rows > t.shape[0] else None
             return padded is not None and engine[name] == f"{tensor_hash(padded):016x}"
 
+        named_tensors = engine_layout(named_tensors, engine)
         bad = [n for n, t in named_tensors if n in engine and not same(n, t)]
         missing = [n for n, _ in named_tensors if n not in engine]
         if bad or missing:
