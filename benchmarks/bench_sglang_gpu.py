@@ -228,7 +228,7 @@ def engine_run(name: str, args, out: Path) -> dict:
     base = [*SMOKE_MODEL, *SMOKE_SHAPE] if args.smoke else [*MODEL, *SHAPE]
     # smoke: two rollouts, no memory saver (CPU)
     run = [o for o in RUNS[name] if not (args.smoke and ("enable_memory_saver" in o or o.startswith("num_rollout=")))]
-    overrides = [*base, "eval=none", "logger=tensorboard", *run, *(["num_rollout=2"] if args.smoke else []), f"hydra.run.dir={run_dir}", f"save_debug_rollout_data={run_dir}/rollouts/{{rollout_id}}.jsonl"]
+    overrides = [*base, "eval=none", "logger=tensorboard", *run, *(["num_rollout=2"] if args.smoke else []), f"hydra.run.dir={run_dir}", f"save_debug_rollout_data={run_dir}/rollouts"]
     cmd = [sys.executable, "-m", "slime_hydra", *overrides]
     log(" ".join(cmd))
     t0 = time.perf_counter()
@@ -238,6 +238,14 @@ def engine_run(name: str, args, out: Path) -> dict:
     if proc.returncode != 0:
         print(proc.stdout[-4000:])
         raise RuntimeError(f"{name}: exit code {proc.returncode}")
+    try:
+        return summarize_run(name, run_dir, overrides, wall)
+    except Exception:
+        print(proc.stdout[-3000:])  # the run's own summary table, whatever failed here
+        raise
+
+
+def summarize_run(name: str, run_dir: Path, overrides: list[str], wall: float) -> dict:
     steps = tb_scalars(run_dir / "tensorboard")
     versions = {}
     for f in sorted((run_dir / "rollouts").glob("*.jsonl")):
@@ -245,9 +253,10 @@ def engine_run(name: str, args, out: Path) -> dict:
         for line in f.read_text().splitlines():
             d = json.loads(line)
             vs.add(d.get("weight_version"))
-        versions[f.stem] = sorted(v for v in vs if v is not None)
+        versions[str(int(f.stem.split("_")[-1]))] = sorted(v for v in vs if v is not None)  # rollout_000000.jsonl
     keys = ["perf/rollout_time_s", "perf/train_time_s", "perf/weight_sync_time_s", "perf/step_time_s",
-            "rollout/weight_sync_s", "perf/rollout_tokens_per_s", "rollout/weight_version_lag_mean", "rollout/response_len_mean"]
+            "rollout/weight_sync_s", "perf/rollout_tokens_per_s", "rollout/weight_version_lag_mean", "rollout/response_len_mean",
+            "perf/rollout_wait_s", "perf/rollout_generate_s"]
     rows = {s: {k: m[k] for k in keys if k in m} for s, m in sorted(steps.items()) if s > 0}
     later = [r["perf/step_time_s"] for s, r in rows.items() if s > 1 and "perf/step_time_s" in r]
     res = {"overrides": overrides, "process_wall_s": wall, "steps": rows, "sample_weight_versions": versions,
