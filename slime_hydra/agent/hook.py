@@ -201,6 +201,9 @@ class AgentRollout:
             raise AttributeError(name)
         return getattr(self.backend, name)
 
+    def abort(self) -> None:  # the Protocol's; explicit, not through __getattr__ (partial rollout calls it)
+        self.backend.abort()
+
     def update_weights(self, named_tensors, version: int) -> None:
         self.backend.update_weights(named_tensors, version)
 

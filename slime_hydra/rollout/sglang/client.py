@@ -34,6 +34,8 @@ def sampling_payload(sp: SamplingParams, max_new_tokens: int) -> dict:
            "stop_token_ids": list(sp.stop_token_ids), "skip_special_tokens": False, "no_stop_trim": True}
     if sp.stop:
         out["stop"] = list(sp.stop)
+    if not sp.stop_token_ids:  # no stop token at all, as the local backend (else the engine stops at its EOS)
+        out["ignore_eos"] = True
     return out
 
 
