@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `tests.*` importable from conftest however pytest was started
+    sys.path.insert(0, str(ROOT))
+from tests.servers import mlflow_server, ray_head  # noqa: E402,F401  (session fixtures: real servers on loopback)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,8 +1,10 @@
-"""A multirun sweep through the real Hydra Ray launcher on a local Ray cluster, with MLflow lineage."""
+"""Multirun sweeps with MLflow lineage: the real Hydra Ray launcher on a local Ray cluster, and the Optuna sweeper."""
 
 from __future__ import annotations
 
 import tempfile
+
+import pytest
 
 from tests.conftest import FAST, run_cli
 
@@ -37,3 +39,43 @@ def test_ray_launcher_sweep_logs_parent_and_children(workdir, monkeypatch):
     assert all(r.data.params["algorithm.grpo_std_normalization"] == "False" for r in dr)
     assert parent.data.tags["best_run_id"] in {r.info.run_id for r in children}
     assert "sweep_summary.md" in {a.path for a in client.list_artifacts(parent.info.run_id)}
+
+
+
+@pytest.mark.parametrize("launcher", ["basic", pytest.param("ray_head", marks=pytest.mark.slow)])
+def test_optuna_sweep_over_lr(launcher, workdir, request):
+    """Optuna trials over train.lr, in-process (basic launcher, 2 trials) or 2 at a time through the Ray launcher on
+    an existing `ray start --head` cluster (3 trials): each job returns its final eval accuracy, the study's best
+    is the best child's, and the MLflow lineage is the basic sweep's."""
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    db = f"sqlite:///{workdir}/mlflow.db"
+    sweep = workdir / "optuna"
+    trials = 2 if launcher == "basic" else 3
+    args = ["-m", "hydra/sweeper=optuna_maximize", f"hydra.sweeper.n_trials={trials}", "hydra.sweeper.sampler.seed=0",
+            f"hydra.sweep.dir={sweep}", *FAST, "num_rollout=1", f"logger.tracking_uri={db}",
+            "train.lr=tag(log,interval(1e-4,1e-2))"]
+    if launcher == "ray_head":
+        head = request.getfixturevalue("ray_head")
+        args += ["hydra/launcher=ray", f"hydra.launcher.ray.init.address={head.gcs_address}",
+                 "+hydra.launcher.ray.init.object_store_memory=null",  # the launcher's CI default is refused by an existing cluster
+                 "+hydra.launcher.ray.remote.num_cpus=1"]
+    proc = run_cli(args, workdir, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    result = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    client = MlflowClient(db)
+    runs = client.search_runs([client.get_experiment_by_name("slime_hydra").experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("sweep") == "parent"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == trials and len(runs) == trials + 1
+    lrs = [float(r.data.params["train.lr"]) for r in children]
+    assert len(set(lrs)) == trials and all(1e-4 <= lr <= 1e-2 for lr in lrs)  # sampled from the interval, one per trial
+    for r in children:
+        assert r.info.status == "FINISHED" and "train.lr=" in r.data.tags["overrides"]
+    acc = {float(r.data.params["train.lr"]): r.data.metrics["eval/addition/accuracy"] for r in children}
+    # the objective Optuna saw is what each job returned: its final eval accuracy (one eval set: the mean is it)
+    assert result["best_value"] == max(acc.values())
+    assert acc[min(acc, key=lambda lr: abs(lr - result["best_params"]["train.lr"]))] == result["best_value"]
+    assert {"sweep_summary.md", "optimization_results.yaml"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}

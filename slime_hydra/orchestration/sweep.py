@@ -4,7 +4,8 @@ A Hydra callback creates the parent run in the driver when the sweep starts and 
 the sweep directory; each job (in a Ray worker under `hydra/launcher=ray`, or in-process with the
 basic launcher) reads it and opens its run as a child tagged with its overrides. When the sweep
 ends, the callback reads the children back and logs a summary table (final metrics per job, best
-job) to the parent and prints it.
+job) to the parent and prints it. Any sweeper works (basic, `hydra/sweeper=optuna_maximize`): the
+callbacks see only the jobs' MLflow runs; an Optuna sweep's `optimization_results.yaml` goes on the parent.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ class MlflowSweepCallback(Callback):
         path = Path(str(config.hydra.sweep.dir)) / "sweep_summary.md"
         path.write_text(table + "\n")
         client.log_artifact(parent, str(path))
+        optuna = path.with_name("optimization_results.yaml")  # the Optuna sweeper's best params and value
+        if optuna.is_file():
+            client.log_artifact(parent, str(optuna))
         client.log_batch(parent, tags=[_tag("best_run_id", best.info.run_id if best else "none"),
                                        _tag("num_jobs", str(len(children)))])
         if best is not None:
