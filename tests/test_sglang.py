@@ -40,6 +40,18 @@ def test_pass_through_keys_are_checked_without_importing_sglang():
     assert cfg.rollout.sglang["context_length"] == 128 and cfg.rollout.sglang["device"] == "cpu"
 
 
+def test_weight_sync_mode_is_checked_before_anything_starts():
+    from slime_hydra.rollout.sglang.checks import weight_sync_mode
+
+    assert weight_sync_mode("auto", colocate=True) == "tensor" and weight_sync_mode("auto", colocate=False) == "distributed"
+    with pytest.raises(ConfigError) as e:
+        compose_run([EXPERIMENT, "rollout.weight_sync=nccl"])
+    assert "rollout.weight_sync='nccl' is not one of ['auto', 'tensor', 'distributed', 'disk']" in str(e.value)
+    with pytest.raises(ConfigError, match=r"rollout.weight_sync=distributed needs rollout.sglang.dp_size=1 \(got 2\)"):
+        compose_run([EXPERIMENT, "cluster.colocate=false", "+rollout.sglang.dp_size=2"])
+    compose_run([EXPERIMENT, "cluster.colocate=false", "+rollout.sglang.dp_size=2", "rollout.weight_sync=disk"])
+
+
 RUN = ["logger=none", "logger.progress_bar=false", "eval.eval_interval=null", "train.lr_decay_style=constant",
        "cluster.device=cpu"]
 NUM_ROLLOUT = 20

@@ -13,13 +13,17 @@ Left out: engines on other hosts (the master address is the loopback; it would b
 from __future__ import annotations
 
 import datetime
+import itertools
 import threading
+import time
 from typing import Optional
 
 import torch
 
 from slime_hydra.rollout.sglang import weights as W
 from slime_hydra.rollout.sglang.process import free_port
+
+_OPENED = itertools.count()  # groups opened by this process
 
 
 def open_rank0_group(backend: str, port: int, world_size: int, group_name: str, timeout_s: float):
@@ -68,15 +72,16 @@ class UpdateGroup:
     def __init__(self, url: str, tp_size: int, backend: str, timeout_s: float, name: str):
         self.url, self.tp_size, self.backend, self.timeout_s, self.name = url, tp_size, backend, timeout_s, name
         self.device = "cpu" if backend == "gloo" else "cuda"
-        self.pg = None
+        self.pg, self.pg_name = None, ""
 
     def open(self) -> None:
-        port = free_port()
+        """A torch group name is taken for good in a process once used: every group opened gets a new one."""
+        port, self.pg_name = free_port(), f"{self.name}_{next(_OPENED)}"
         body = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 1 + self.tp_size,
-                "group_name": self.name, "backend": self.backend}
+                "group_name": self.pg_name, "backend": self.backend}
         t, out = _post_in_thread(self.url, "/init_weights_update_group", body, self.timeout_s)
         try:
-            self.pg = open_rank0_group(self.backend, port, 1 + self.tp_size, self.name, self.timeout_s)
+            self.pg = open_rank0_group(self.backend, port, 1 + self.tp_size, self.pg_name, self.timeout_s)
         except Exception as e:
             t.join(self.timeout_s)
             detail = out.get("response").text[:300] if "response" in out else out.get("error")
@@ -94,15 +99,15 @@ class UpdateGroup:
             for bucket in W.buckets(named_tensors, buffer_bytes):
                 tensors = [t.detach().to(self.device, W.DTYPES[dtype]).contiguous() for _, t in bucket]
                 body = {"names": [name for name, _ in bucket], "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors],
-                        "shapes": [list(t.shape) for t in tensors], "group_name": self.name, "flush_cache": False,
+                        "shapes": [list(t.shape) for t in tensors], "group_name": self.pg_name, "flush_cache": False,
                         "weight_version": str(version)}
                 th, out = _post_in_thread(self.url, "/update_weights_from_distributed", body, self.timeout_s)
                 try:
-                    for t in tensors:  # the engine receives in the order of `names`
-                        torch.distributed.broadcast(t, src=0, group=self.pg)
+                    self._broadcast(tensors, th, out)
                 except Exception as e:
                     self.pg = None  # a failed collective leaves the group unusable: open a new one next time
-                    raise W.WeightSyncError(f"broadcast to {self.url} ({self.backend}) failed: {e!r}") from e
+                    detail = out["response"].text[:300] if "response" in out else out.get("error")
+                    raise W.WeightSyncError(f"broadcast to {self.url} ({self.backend}) failed: {e!r}; engine: {detail}") from e
                 _result(th, out, f"update_weights_from_distributed on {self.url}", self.timeout_s)
                 n += 1
         finally:
@@ -110,19 +115,31 @@ class UpdateGroup:
                 W.ok(W.post(self.url, "/end_weight_update", {}, self.timeout_s), "end_weight_update")
         return n
 
+    def _broadcast(self, tensors: list[torch.Tensor], request: threading.Thread, out: dict) -> None:
+        """In the order of the request's `names`; fails at once if the request ends before the tensors are
+        received (the engine refused them) instead of waiting out the group's timeout."""
+        works = [torch.distributed.broadcast(t, src=0, group=self.pg, async_op=True) for t in tensors]
+        deadline = time.monotonic() + self.timeout_s
+        while not all(w.is_completed() for w in works):
+            if not request.is_alive():
+                if "response" in out and out["response"].status_code == 200:
+                    break  # received; our side's completion flags are a moment behind
+                raise W.WeightSyncError("the engine's request ended before it received every tensor")
+            if time.monotonic() > deadline:
+                raise W.WeightSyncError(f"not received within {self.timeout_s:.0f} s")
+            time.sleep(0.002)
+        for w in works:
+            w.wait()  # raises what the collective raised
+
 
 def group_backend(device_type: str) -> str:
     return "gloo" if device_type == "cpu" else "nccl"
 
 
-def group_name(engine_index: int, launch: int) -> str:
-    return f"slime_hydra_engine{engine_index}_launch{launch}"
-
-
 def new_group(url: str, engine_index: int, launch: int, tp_size: int, device_type: str, timeout_s: float,
               old: Optional[UpdateGroup] = None) -> UpdateGroup:
     """The engine's group for this launch (a relaunched engine has none of the old one's state)."""
-    name = group_name(engine_index, launch)
+    name = f"slime_hydra_engine{engine_index}_launch{launch}"
     if old is not None and old.name == name:
         return old
     return UpdateGroup(url, tp_size, group_backend(device_type), timeout_s, name)

@@ -7,7 +7,7 @@ HTTP. On CPU the handles must be shared-memory file names (torch's `file_system`
 the server dies. On CUDA they are CUDA IPC handles (sglang's patched reductions). sglang >= 0.5.2x wants
 the updates inside /begin_weight_update ... /end_weight_update; older releases have no such endpoints.
 From disk: a safetensors file beside the engine's config, then /update_weights_from_disk.
-Left out: the distributed (NCCL/gloo update group) path for disaggregated engines.
+Over a distributed update group (disaggregated engines): `distributed`.
 """
 
 from __future__ import annotations
