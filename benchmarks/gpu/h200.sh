@@ -4,7 +4,7 @@
 # dependencies (.gpuwhl: hydra-core, omegaconf, antlr4, math-verify, latex2sympy2_extended), then run
 # `benchmarks.bench_sglang_gpu all` until the call's time is nearly spent. Parts done in an earlier call on
 # the same (still warm) machine are skipped, so calling this again finishes the rest.
-#   usage: bash benchmarks/gpu/h200.sh [call seconds, default 600]
+#   usage: [PARTS=grpo,sync,async] bash benchmarks/gpu/h200.sh [call seconds, default 600]
 set -uo pipefail
 limit=${1:-600}
 out=${OUT:-bench_out/sglang_gpu}
@@ -20,5 +20,5 @@ export PYTHONPATH=/tmp/sgl-site:/tmp/sgl-sc:/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTH
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
 python3 -c "import torch, transformers, sglang; print('torch', torch.__version__, 'transformers', transformers.__version__, 'sglang', sglang.__version__)"
 left=$((limit - SECONDS - 25))
-timeout "$left" python3 -m benchmarks.bench_sglang_gpu all --out "$out" --deadline-s "$((left - 15))" 2>&1 | tee "$out/bench.log"
+timeout "$left" python3 -m benchmarks.bench_sglang_gpu all --out "$out" --deadline-s "$((left - 15))" ${PARTS:+--parts "$PARTS"} 2>&1 | tee "$out/bench.log"
 ls -la "$out"
