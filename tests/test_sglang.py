@@ -107,7 +107,8 @@ def test_grpo_through_sglang_learns_like_local(sglang_run):
     # only kernels differ), within noise
     assert abs(first - LOCAL_EVAL_START) <= 0.05, eval_of(history)
     # and GRPO through them raises it: at least half the local backend's rise (+0.10 of +0.205; the
-    # difference of two accuracies has std <= 0.05, so a backend that does not learn fails this)
+    # difference of two accuracies has std <= 0.05, so a backend that does not learn fails this; measured
+    # through sglang: 0.385 -> 0.54 and 0.385 -> 0.59 in two runs)
     assert last >= first + LOCAL_EVAL_RISE / 2, eval_of(history)
 
 
