@@ -12,17 +12,17 @@ def collate(samples: list[Sample], advantages: torch.Tensor, pad_id: int) -> Tra
     """advantages: [N] per sample (broadcast to response tokens) or [N, T] per token."""
     n = len(samples)
     t1 = max(len(s.tokens) for s in samples)  # T + 1
-    ids = torch.full((n, t1), pad_id, dtype=torch.long)
-    attn = torch.zeros((n, t1), dtype=torch.long)
-    mask = torch.zeros((n, t1 - 1), dtype=torch.float32)
-    rlp = torch.zeros((n, t1 - 1), dtype=torch.float32)
-    for i, s in enumerate(samples):
+    ids, attn, mask, rlp = [], [], [], []  # rows as lists: one tensor per field, not per sample
+    for s in samples:
         L, R = len(s.tokens), s.response_length
-        ids[i, :L] = torch.tensor(s.tokens)
-        attn[i, :L] = 1
-        lm = s.loss_mask if s.loss_mask is not None else [1] * R
-        mask[i, L - 1 - R : L - 1] = torch.tensor(lm, dtype=torch.float32)  # position t predicts token t+1
-        if s.rollout_log_probs is not None:
-            rlp[i, L - 1 - R : L - 1] = torch.tensor(s.rollout_log_probs, dtype=torch.float32)
-    adv = advantages[:, None] * mask if advantages.dim() == 1 else advantages
-    return TrainBatch(ids, attn, mask, adv.float(), rlp)
+        lm = list(s.loss_mask) if s.loss_mask is not None else [1] * R
+        lp = list(s.rollout_log_probs) if s.rollout_log_probs is not None else [0.0] * R
+        before, after = [0] * (L - 1 - R), [0] * (t1 - L)  # position t predicts token t+1
+        ids.append(list(s.tokens) + [pad_id] * (t1 - L))
+        attn.append([1] * L + after)
+        mask.append(before + lm + after)
+        rlp.append(before + lp + after)
+    mask_t = torch.tensor(mask, dtype=torch.float32)  # [N, T]
+    adv = advantages[:, None] * mask_t if advantages.dim() == 1 else advantages
+    return TrainBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(attn, dtype=torch.long), mask_t, adv.float(),
+                      torch.tensor(rlp, dtype=torch.float32))

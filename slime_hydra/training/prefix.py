@@ -34,7 +34,7 @@ def shared_prefix_logits(model: torch.nn.Module, ids: torch.Tensor, attn: torch.
     n, t1 = ids.shape
     split = split_points(loss_mask)  # [n] prefix = tokens[0 .. split]
     lengths = attn.sum(-1)  # [n]
-    keys = [tuple(ids[i, : split[i] + 1].tolist()) for i in range(n)]
+    keys = [tuple(row[: k + 1]) for row, k in zip(ids.tolist(), split.tolist())]  # one tolist, not one per row
     distinct: dict[tuple, int] = {}
     inv = torch.tensor([distinct.setdefault(k, len(distinct)) for k in keys], device=ids.device)  # [n] row -> prefix
     if n < min_sharing * len(distinct):
@@ -42,11 +42,8 @@ def shared_prefix_logits(model: torch.nn.Module, ids: torch.Tensor, attn: torch.
     # distinct prefixes, right-padded to P (no query row is fully masked, which can turn into NaN)
     u = len(distinct)
     p = max(len(k) for k in distinct)
-    pre_ids = torch.zeros((u, p), dtype=ids.dtype, device=ids.device)
-    pre_attn = torch.zeros((u, p), dtype=attn.dtype, device=ids.device)
-    for j, k in enumerate(distinct):
-        pre_ids[j, : len(k)] = torch.tensor(k, dtype=ids.dtype)
-        pre_attn[j, : len(k)] = 1
+    pre_ids = torch.tensor([list(k) + [0] * (p - len(k)) for k in distinct], dtype=ids.dtype, device=ids.device)
+    pre_attn = torch.tensor([[1] * len(k) + [0] * (p - len(k)) for k in distinct], dtype=attn.dtype, device=ids.device)
     cache = DynamicCache(config=model.config)
     pre_logits = model(input_ids=pre_ids, attention_mask=pre_attn, past_key_values=cache, use_cache=True).logits
     pre_last = pre_logits[torch.arange(u, device=ids.device), pre_attn.sum(-1) - 1]  # [u, V] predicts token split + 1
