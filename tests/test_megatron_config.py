@@ -76,14 +76,17 @@ def test_moe_layer_freq_expressions():
 
 
 @pytest.mark.parametrize("option", sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml")))
-def test_dense_zoo_validates_with_megatron_and_moe_mla_say_why_not(option):
-    overrides = [f"model={option}", "train=megatron"]
-    cfg = compose_run([f"model={option}"])
-    if cfg.model.num_experts or cfg.model.multi_latent_attention or cfg.model.post_self_attn_layernorm:
-        with pytest.raises(ConfigError, match="has no HF<->Megatron converter yet"):
-            compose_run(overrides)
-    else:
-        assert compose_run(overrides).train.backend == "megatron"
+def test_every_zoo_option_validates_with_megatron(option):
+    assert compose_run([f"model={option}", "train=megatron"]).train.backend == "megatron"
+
+
+def test_megatron_moe_limits_name_the_keys():
+    with pytest.raises(ConfigError) as e:
+        preflight(["model=qwen3_30b_a3b", "train=megatron", "model.moe_grouped_gemm=true",
+                   "parallelism.expert_model_parallel_size=2"])
+    text = str(e.value)
+    assert "set model.moe_grouped_gemm=false" in text
+    assert "set parallelism.expert_model_parallel_size=1" in text
 
 
 def test_parallel_layout_errors_name_the_keys():

@@ -52,9 +52,9 @@ def check_megatron(cfg: RunConfig, problems: list[str]) -> None:
     if cp > 1:
         problems.append(f"parallelism.context_parallel_size={cp}: context parallelism needs Transformer Engine's attention, "
                         "which this backend does not use; set parallelism.context_parallel_size=1")
-    if ep > 1 and (m.num_experts is None or m.num_experts % ep):
-        problems.append(f"parallelism.expert_model_parallel_size={ep} must divide model.num_experts={m.num_experts}; "
-                        "set it to 1 for a dense model")
+    if ep > 1:  # the HF<->Megatron converter (convert.py) places every expert on every rank
+        problems.append(f"parallelism.expert_model_parallel_size={ep}: expert parallelism is not supported by this "
+                        "backend's weight conversion yet; set parallelism.expert_model_parallel_size=1")
     if p.sequence_parallel:  # megatron's torch-norm fallback asserts without sequence-parallel support
         problems.append("parallelism.sequence_parallel=true needs Transformer Engine or Apex norms, which this backend does "
                         "not use; set parallelism.sequence_parallel=false")

@@ -1,4 +1,5 @@
-"""HF <-> Megatron weights for the dense decoder families (qwen3, qwen2/2.5, llama), with TP/PP sharding.
+"""HF <-> Megatron weights with TP/PP sharding: dense (qwen3, qwen2/2.5, llama), glm4, MoE (qwen3_moe) and
+MLA + MoE (deepseek_v3: deepseek-v3, moonlight, kimi-k2).
 
 Megatron's local GPTModel names and layouts (per pipeline stage, layers numbered locally):
   embedding.word_embeddings.weight        [V_pad/tp, h]    vocab rows split over TP (rows >= V are zero)
@@ -7,13 +8,18 @@ Megatron's local GPTModel names and layouts (per pipeline stage, layers numbered
   decoder.layers.j.self_attention.linear_proj.weight [h, np hd/tp]   (row parallel: columns split)
   decoder.layers.j.mlp.linear_fc1.weight  [2 ffn/tp, h]: this rank's gate rows, then its up rows
   decoder.layers.j.mlp.linear_fc2.weight  [h, ffn/tp]
+  MoE layers: mlp.router.weight [E, h] (+ router.expert_bias [E]), mlp.experts.local_experts.e.linear_fc1/2
+          (each expert laid out as the dense MLP), mlp.shared_experts.linear_fc1/2
+  MLA: self_attention.linear_q_down_proj / linear_q_up_proj (or linear_q_proj) / linear_kv_down_proj /
+          linear_kv_up_proj, column parallel (rows split), q_layernorm / kv_layernorm replicated
+  glm4: self_attention.post_self_attn_layernorm, mlp.post_mlp_layernorm (model.PostNorm*)
   norms (input_layernorm, pre_mlp_layernorm, q/k_layernorm, decoder.final_layernorm) replicated
   output_layer.weight                      [V_pad/tp, h]  (untied, or the last stage's copy when tied with PP>1)
-HF names are transformers' (`model.layers.i.self_attn.q_proj.weight`, ...), so an export loads with
-`from_pretrained` and feeds the rollout engine's weight update by name. MoE and MLA families compose,
-validate and build, but have no converter yet (`check_convertible` says so before anything loads).
+HF names are the checkpoints' (`model.layers.i.self_attn.q_proj.weight`, one name per expert), so an
+export loads with `from_pretrained` and feeds the rollout engine's weight update by name.
+Left out: expert parallelism (EP>1 would place a subset of experts per rank) and grouped-GEMM
+expert layouts (TE / grouped_gemm): `check_convertible` says so before anything loads.
 """
-
 from __future__ import annotations
 
 import json
@@ -23,32 +29,93 @@ from typing import Callable, Iterator, Mapping
 import torch
 
 from slime_hydra.config.schema import ModelConfig
+from slime_hydra.models.hf_check import moe_layer_pattern
 
-CONVERTIBLE = ("qwen3", "qwen2", "llama")
+CONVERTIBLE = ("qwen3", "qwen2", "llama", "qwen3_moe", "deepseek_v3", "kimi_k2", "glm4")
 
 
 def check_convertible(m: ModelConfig) -> list[str]:
-    if m.num_experts or m.multi_latent_attention or m.architecture not in CONVERTIBLE or m.post_self_attn_layernorm:
-        return [f"model={m.name} (architecture={m.architecture}) has no HF<->Megatron converter yet (dense {list(CONVERTIBLE)} "
-                "only): use train.backend=torch or one of model=qwen3_tiny,qwen3_0_6b,qwen3_4b,qwen3_8b,qwen2_5_7b,llama3_8b,llama3_70b"]
-    return []
+    problems = []
+    if m.architecture not in CONVERTIBLE:
+        problems.append(f"model={m.name} (architecture={m.architecture}) has no HF<->Megatron converter (one of "
+                        f"{list(CONVERTIBLE)}): use train.backend=torch")
+    if m.moe_grouped_gemm:
+        problems.append("model.moe_grouped_gemm=true needs Transformer Engine's (or the grouped_gemm package's) grouped GEMM, "
+                        "which this backend does not use; set model.moe_grouped_gemm=false (one GEMM per expert)")
+    if m.post_self_attn_layernorm != m.post_mlp_layernorm:
+        problems.append("model.post_self_attn_layernorm and model.post_mlp_layernorm come together (glm4); set both")
+    return problems
 
 
 def _layer_rows(i: int, m: ModelConfig) -> list[tuple[str, tuple[str, ...], str]]:
     """(megatron suffix, HF names, kind) of layer i; kind says how the tensor is sharded / packed."""
-    a, p = f"model.layers.{i}.self_attn.", f"model.layers.{i}."
-    rows = [("input_layernorm.weight", (p + "input_layernorm.weight",), "copy"),
-            ("self_attention.linear_qkv.weight", (a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"), "qkv"),
-            ("self_attention.linear_proj.weight", (a + "o_proj.weight",), "row"),
-            ("pre_mlp_layernorm.weight", (p + "post_attention_layernorm.weight",), "copy"),
-            ("mlp.linear_fc1.weight", (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), "fc1"),
-            ("mlp.linear_fc2.weight", (p + "mlp.down_proj.weight",), "row")]
+    p = f"model.layers.{i}."
+    rows = [("input_layernorm.weight", (p + "input_layernorm.weight",), "copy"), *_attention_rows(i, m),
+            ("pre_mlp_layernorm.weight", (p + "post_attention_layernorm.weight",), "copy"), *_mlp_rows(i, m)]
+    if m.post_self_attn_layernorm:  # glm4 (model.PostNormSelfAttention / PostNormMLP)
+        rows += [("self_attention.post_self_attn_layernorm.weight", (p + "post_self_attn_layernorm.weight",), "copy"),
+                 ("mlp.post_mlp_layernorm.weight", (p + "post_mlp_layernorm.weight",), "copy")]
+    return rows
+
+
+def _attention_rows(i: int, m: ModelConfig) -> list[tuple[str, tuple[str, ...], str]]:
+    a = f"model.layers.{i}.self_attn."
+    if m.multi_latent_attention:  # per head, q is [nope; rope] and kv_up is [k nope; v] on both sides: no repacking
+        q = ([("self_attention.linear_q_down_proj.weight", (a + "q_a_proj.weight",), "col"),
+              ("self_attention.q_layernorm.weight", (a + "q_a_layernorm.weight",), "copy"),
+              ("self_attention.linear_q_up_proj.weight", (a + "q_b_proj.weight",), "col")]
+             if m.q_lora_rank else [("self_attention.linear_q_proj.weight", (a + "q_proj.weight",), "col")])
+        return q + [("self_attention.linear_kv_down_proj.weight", (a + "kv_a_proj_with_mqa.weight",), "col"),
+                    ("self_attention.kv_layernorm.weight", (a + "kv_a_layernorm.weight",), "copy"),
+                    ("self_attention.linear_kv_up_proj.weight", (a + "kv_b_proj.weight",), "col"),
+                    ("self_attention.linear_proj.weight", (a + "o_proj.weight",), "row")]
+    rows = [("self_attention.linear_qkv.weight", (a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"), "qkv"),
+            ("self_attention.linear_proj.weight", (a + "o_proj.weight",), "row")]
     if m.add_qkv_bias:
         rows.append(("self_attention.linear_qkv.bias", (a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"), "qkv"))
     if m.qk_layernorm:
         rows += [("self_attention.q_layernorm.weight", (a + "q_norm.weight",), "copy"),
                  ("self_attention.k_layernorm.weight", (a + "k_norm.weight",), "copy")]
     return rows
+
+
+def _ffn_rows(meg: str, hf: str, fused_gate_up: bool = False) -> list[tuple[str, tuple[str, ...], str]]:
+    fc1 = (f"{meg}linear_fc1.weight", (f"{hf}gate_up_proj.weight",), "fc1_fused") if fused_gate_up else (
+        f"{meg}linear_fc1.weight", (f"{hf}gate_proj.weight", f"{hf}up_proj.weight"), "fc1")
+    return [fc1, (f"{meg}linear_fc2.weight", (f"{hf}down_proj.weight",), "row")]
+
+
+def _mlp_rows(i: int, m: ModelConfig) -> list[tuple[str, tuple[str, ...], str]]:
+    p = f"model.layers.{i}.mlp."
+    if not m.num_experts or not moe_layer_pattern(m.moe_layer_freq, m.num_layers)[i]:
+        return _ffn_rows("mlp.", p, fused_gate_up=m.architecture == "glm4")
+    rows = [("mlp.router.weight", (p + "gate.weight",), "copy")]
+    if m.moe_router_enable_expert_bias:
+        rows.append(("mlp.router.expert_bias", (p + "gate.e_score_correction_bias",), "copy"))
+    for e in range(m.num_experts):  # SequentialMLP: one dense MLP per expert (expert_model_parallel_size=1)
+        rows += _ffn_rows(f"mlp.experts.local_experts.{e}.", f"{p}experts.{e}.")
+    if m.moe_shared_expert_intermediate_size:
+        rows += _ffn_rows("mlp.shared_experts.", f"{p}shared_experts.")
+    return rows
+
+
+def hub_names(hf: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+    """transformers >= 5 keeps a MoE layer's experts fused in memory (`mlp.experts.gate_up_proj` [E, 2f, h],
+    `mlp.experts.down_proj` [E, h, f]); checkpoints and the rollout engines name each expert
+    (`mlp.experts.{e}.gate_proj.weight`, ...). This gives the latter view (tensor views, no copies)."""
+    if not any(k.endswith(".experts.gate_up_proj") for k in hf):
+        return hf
+    out: dict[str, torch.Tensor] = {}
+    for k, t in hf.items():
+        if k.endswith(".experts.gate_up_proj"):
+            for e in range(t.shape[0]):
+                out[f"{k[:-12]}{e}.gate_proj.weight"], out[f"{k[:-12]}{e}.up_proj.weight"] = t[e].chunk(2)
+        elif k.endswith(".experts.down_proj"):
+            for e in range(t.shape[0]):
+                out[f"{k[:-9]}{e}.down_proj.weight"] = t[e]
+        else:
+            out[k] = t
+    return out
 
 
 def _pack_qkv(q, k, v, m: ModelConfig):
@@ -84,10 +151,13 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], m: ModelConfig, *, tp_rank: i
                 t = ts[0]
             elif kind == "row":
                 t = shard(ts[0], 1)
+            elif kind == "col":
+                t = shard(ts[0], 0)
             elif kind == "qkv":
                 t = shard(_pack_qkv(*ts, m))  # contiguous query groups per rank
             else:  # fc1: gate and up are split separately, then stacked per rank
-                t = torch.cat([shard(ts[0]), shard(ts[1])])
+                gate, up = ts[0].chunk(2) if kind == "fc1_fused" else ts
+                t = torch.cat([shard(gate), shard(up)])
             out[f"decoder.layers.{j}.{suffix}"] = t
     if post_process:
         out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
@@ -110,14 +180,19 @@ def megatron_to_hf(local: Mapping[str, torch.Tensor], m: ModelConfig, *, gather:
                 yield names[0], t
             elif kind == "row":
                 yield names[0], gather(t, 1)
+            elif kind == "col":
+                yield names[0], gather(t, 0)
             elif kind == "qkv":
                 yield from zip(names, _unpack_qkv(gather(t, 0), m))
             else:  # fc1: each rank holds [gate_r; up_r]
                 shards = gather(t, 0).chunk(tp_size)
                 gate = torch.cat([s.chunk(2)[0] for s in shards])
                 up = torch.cat([s.chunk(2)[1] for s in shards])
-                yield names[0], gate
-                yield names[1], up
+                if kind == "fc1_fused":
+                    yield names[0], torch.cat([gate, up])
+                else:
+                    yield names[0], gate
+                    yield names[1], up
     if post_process:
         yield "model.norm.weight", local["decoder.final_layernorm.weight"]
         if m.untie_embeddings_and_output_weights:

@@ -13,8 +13,10 @@ import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state as ps
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
+from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.mlp import MLP
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
 from slime_hydra.config.schema import ModelConfig, ParallelismConfig
@@ -24,18 +26,63 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 class SDPAttention(DotProductAttention):
-    """Core attention through F.scaled_dot_product_attention; [s, b, heads, dim] in, [s, b, hidden] out."""
+    """Core attention through F.scaled_dot_product_attention; [s, b, heads, dim] in, [s, b, hidden] out.
+
+    native_gqa: let SDPA broadcast the key/value groups (enable_gqa, torch >= 2.5) instead of copying
+    them per head with repeat_interleave (a benchmark knob until measured on the H200)."""
+
+    native_gqa = False
+
+    def __init__(self, *args, k_channels=None, v_channels=None, **kwargs):
+        # MLA passes its q/k and v head dims (multi_latent_attention.py); megatron's own local
+        # DotProductAttention takes neither, so the local spec cannot build MLA without this class.
+        # SDPA reads the head dims from the tensors.
+        super().__init__(*args, **kwargs)
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
         assert packed_seq_params is None and attention_bias is None, "SDPAttention takes neither packed sequences nor a bias"
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, dim]
+        gqa = {}
         if q.shape[1] != k.shape[1]:
-            rep = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            if self.native_gqa:
+                gqa = {"enable_gqa": True}
+            else:
+                rep = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
-                                             dropout_p=self.config.attention_dropout if self.training else 0.0)
+                                             dropout_p=self.config.attention_dropout if self.training else 0.0, **gqa)
         return out.permute(2, 0, 1, 3).reshape(out.shape[2], out.shape[0], -1)  # [s, b, heads*dim]
+
+
+def _norm(config: TransformerConfig):
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    return WrappedTorchNorm(config=config, hidden_size=config.hidden_size, eps=config.layernorm_epsilon)
+
+
+class PostNormSelfAttention(SelfAttention):
+    """glm4: attention whose output is normed before the residual add (post_self_attn_layernorm)."""
+
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        self.post_self_attn_layernorm = _norm(config)
+
+    def forward(self, *args, **kwargs):
+        out, bias = super().forward(*args, **kwargs)
+        return self.post_self_attn_layernorm(out), bias
+
+
+class PostNormMLP(MLP):
+    """glm4: an MLP whose output is normed before the residual add (post_mlp_layernorm)."""
+
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        self.post_mlp_layernorm = _norm(config)
+
+    def forward(self, *args, **kwargs):
+        out, bias = super().forward(*args, **kwargs)
+        return self.post_mlp_layernorm(out), bias
 
 
 def padded_vocab_size(vocab: int, tp: int, multiple: int = 128) -> int:
@@ -44,7 +91,8 @@ def padded_vocab_size(vocab: int, tp: int, multiple: int = 128) -> int:
     return -(-vocab // m) * m
 
 
-def transformer_config(m: ModelConfig, p: ParallelismConfig, world_pp_dtype=None) -> TransformerConfig:
+def transformer_config(m: ModelConfig, p: ParallelismConfig, **overrides) -> TransformerConfig:
+    """`overrides`: further TransformerConfig fields (benchmarks' knobs, e.g. recompute_modules)."""
     dtype = DTYPES[m.dtype]
     granularity = p.recompute_granularity or ("selective" if p.recompute_activations else None)
     kw = dict(
@@ -66,6 +114,7 @@ def transformer_config(m: ModelConfig, p: ParallelismConfig, world_pp_dtype=None
         persist_layer_norm=False, gradient_accumulation_fusion=False,
         moe_token_dispatcher_type="alltoall",  # dense: unused, but allgather refuses variable_seq_lengths
     )
+    kw |= overrides
     if m.num_experts:
         kw |= dict(num_moe_experts=m.num_experts, moe_ffn_hidden_size=m.moe_ffn_hidden_size, moe_router_topk=m.moe_router_topk,
                    moe_layer_freq=moe_layer_pattern(m.moe_layer_freq, m.num_layers),
@@ -80,28 +129,55 @@ def transformer_config(m: ModelConfig, p: ParallelismConfig, world_pp_dtype=None
         return MLATransformerConfig(**kw, q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank, qk_head_dim=m.qk_head_dim,
                                     qk_pos_emb_head_dim=m.qk_pos_emb_head_dim, v_head_dim=m.v_head_dim, rotary_base=m.rotary_base,
                                     rotary_scaling_factor=m.rotary_scaling_factor, mscale=m.mscale, mscale_all_dim=m.mscale_all_dim,
-                                    max_position_embeddings=m.max_position_embeddings, rope_type="yarn")
+                                    rope_type="yarn")  # original_max_position_embeddings: megatron's 4096 (deepseek-v3, kimi-k2)
     return TransformerConfig(**kw)
 
 
-def layer_spec(m: ModelConfig, sdpa: bool = True):
-    spec = get_gpt_layer_local_spec(num_experts=m.num_experts, moe_grouped_gemm=m.moe_grouped_gemm,
-                                    qk_layernorm=m.qk_layernorm, multi_latent_attention=m.multi_latent_attention,
-                                    normalization=m.normalization)
-    if sdpa:
-        spec.submodules.self_attention.submodules.core_attention = SDPAttention
-    return spec
+def _without_te() -> None:
+    """Two megatron-core 0.16.1 bugs when Transformer Engine is absent (as here, CPU and GPU alike):
+    - its extensions module imports with placeholder (non-class) TELinear, so multi_latent_attention.py
+      sets HAVE_TE=True and then fails on `isinstance(self.linear_proj, TELinear)` (line 185) when
+      building any MLA layer: HAVE_TE=False is the truth;
+    - moe/moe_utils.py's RouterGatingLinearFunction.forward (line 1192) reads `te_general_gemm`, which is
+      defined only when TE imports: every MoE router forward raises NameError. None selects the torch matmul."""
+    from megatron.core.transformer import multi_latent_attention as mla
+    from megatron.core.transformer.moe import moe_utils
+
+    if not isinstance(mla.TELinear, type):
+        mla.HAVE_TE = False
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def layer_spec(m: ModelConfig, config: TransformerConfig, sdpa: bool = True):
+    """The local spec: one layer spec (dense), or per-layer specs following model.moe_layer_freq (MoE)."""
+    if m.multi_latent_attention or m.num_experts:
+        _without_te()
+    if m.num_experts:  # dense and MoE layers interleaved (e.g. deepseek-v3's first 3 dense layers)
+        block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=m.normalization)
+        specs = block.layer_specs
+    else:
+        block = get_gpt_layer_local_spec(qk_layernorm=m.qk_layernorm, multi_latent_attention=m.multi_latent_attention,
+                                         normalization=m.normalization)
+        specs = [block]
+    for spec in specs:
+        if sdpa:
+            spec.submodules.self_attention.submodules.core_attention = SDPAttention
+        if m.post_self_attn_layernorm:  # glm4 (both post norms come together: convert.check_convertible)
+            spec.submodules.self_attention.module = PostNormSelfAttention
+            spec.submodules.mlp.module = PostNormMLP
+    return block
 
 
 def build_gpt(m: ModelConfig, config: TransformerConfig, vocab_size: int, sdpa: bool = True) -> GPTModel:
     """This rank's pipeline stage of the model (weights randomly initialised; convert.load_hf fills them)."""
     return GPTModel(
-        config=config, transformer_layer_spec=layer_spec(m, sdpa),
+        config=config, transformer_layer_spec=layer_spec(m, config, sdpa),
         vocab_size=padded_vocab_size(vocab_size, ps.get_tensor_model_parallel_world_size()),
         max_sequence_length=m.max_position_embeddings,
         pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
         share_embeddings_and_output_weights=not m.untie_embeddings_and_output_weights,
-        position_embedding_type="yarn" if m.multi_latent_attention else "rope",
+        position_embedding_type="rope",  # MLA layers build their own yarn rotary from MLATransformerConfig
         rotary_percent=m.rotary_percent, rotary_base=int(m.rotary_base),
         rope_scaling=m.use_rope_scaling, rope_scaling_factor=m.rotary_scaling_factor,
     )
