@@ -168,12 +168,13 @@ def test_abort_returns_partial_samples_and_engines_keep_serving(sglang_run):
     agent = AgentRollout(r, c.tokenizer, None, 1)  # the agent wrapper forwards abort() to the backend
     samples = [s for g in c.source.next_groups(8) for s in g]  # 8 x 8 = 64
     # no stop token: each sample would run its full 200 new tokens (the context is 256); 64 x 200 tokens
-    # take several seconds on two CPU engines, the abort comes after 1.5 s
+    # take ~7 s on two loaded CPU engines; the abort comes after 0.75 s (the requests reach the engines in
+    # milliseconds: an abort before they arrive would not stop them)
     sp = SamplingParams(1.0, 1.0, -1, 200, ())
     out: dict = {}
     worker = threading.Thread(target=lambda: out.setdefault("samples", asyncio.run(agent.generate(samples, sp))))
     worker.start()
-    time.sleep(1.5)
+    time.sleep(0.75)
     t0 = time.monotonic()
     agent.abort()
     worker.join(timeout=120)
