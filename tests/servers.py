@@ -47,6 +47,18 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> N
     raise RuntimeError(f"{url} not up within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
 
 
+def _wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
 def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
     """SIGTERM the server (it stops what it started), then SIGKILL whatever is left of its own session."""
     if proc.poll() is None:
@@ -107,6 +119,8 @@ def ray_head():
     proc = _start(args, log, env={"RAY_TMPDIR": temp, "RAY_AUTH_MODE": "disabled"})
     try:
         _wait_http(f"http://127.0.0.1:{dash}/api/version", proc, log, timeout=180)
+        # jobs go through the head node's dashboard agent, which comes up later ("No available agent to submit job")
+        _wait_port(int(ports["--dashboard-agent-listen-port"]), proc, log, timeout=180)
         yield RayHead(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", temp)
     finally:
         _stop(proc)

@@ -1,9 +1,8 @@
-"""cluster.backend=ray on one real local Ray cluster (2 CPUs, shared by the module): layout, checks, DP, a run."""
+"""cluster.backend=ray on one real Ray cluster (`ray start --head`, 2 CPUs, shared by the session): layout, checks, DP, a run."""
 
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 
 import pytest
 import torch
@@ -16,14 +15,12 @@ from tests.conftest import FAST, run_cli
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    import os
-
+def ray_cluster(ray_head):
+    """This process joins the session's `ray start --head` cluster (2 CPUs) as a driver."""
     import ray
 
-    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="r", dir="/tmp")  # AF_UNIX socket paths must stay < 107 bytes
-    ctx = ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield ctx.address_info["gcs_address"]
+    ray.init(address=ray_head.gcs_address, logging_level="WARNING")
+    yield ray_head.gcs_address
     ray.shutdown()
 
 
@@ -158,3 +155,28 @@ def test_ray_backend_run_matches_in_process_run(ray_cluster, tmp_path):
     assert ray_run.info.status == "FINISHED"
     for rank in (0, 1):  # logged by the rank actors themselves
         assert [m.step for m in client.get_metric_history(ray_run.info.run_id, f"perf/rank{rank}_train_time_s")] == [1, 2]
+
+
+@pytest.mark.slow
+def test_custom_generate_hook_runs_over_the_ray_engines(ray_cluster, tmp_path):
+    """The calculator agent on the Ray path (1 train rank + 1 engine): its multi-turn hook runs in the driver over the
+    rollout manager's engine. After the same 25-step warm start, the first eval and rollout (tool calls, masked
+    observation tokens, rewards) are those of the in-process run: same weights, same sampler seed, same batching."""
+    import json
+
+    from slime_hydra.engine.session import run_session
+
+    common = ["experiment=agent/qwen3-tiny-calculator-cpu-local-torch-v1", "logger=none", "logger.progress_bar=false",
+              "num_rollout=1", "warmstart.steps=25", "rollout.rollout_batch_size=4", "rollout.n_samples_per_prompt=4",
+              "train.micro_batch_size=16", "eval.eval_interval=null"]
+    run_session(compose_run(common), str(tmp_path / "local"), common)
+    ray_args = common + ["cluster.backend=ray"]
+    run_session(compose_run(ray_args), str(tmp_path / "ray"), ray_args)
+
+    local = json.loads((tmp_path / "local" / "summary.json").read_text())
+    dist = json.loads((tmp_path / "ray" / "summary.json").read_text())
+    assert dist["eval/multiplication/tool_calls_mean"]["first"] > 0.5  # the warm-started model calls the tool
+    assert dist["rollout/masked_token_frac"]["first"] > 0.1  # tool results were appended as masked observations
+    for k in ("rollout/turns_mean", "rollout/tool_calls_mean", "rollout/masked_token_frac", "rollout/tool_error_rate",
+              "rollout/reward_mean", "eval/multiplication/accuracy", "eval/multiplication/tool_calls_mean"):
+        assert dist[k]["first"] == pytest.approx(local[k]["first"], abs=1e-9), k

@@ -29,7 +29,7 @@ def test_ray_job_submit_short_run_succeeds(ray_head, mlflow_server, tmp_path, ex
 
     out = tmp_path / "job"  # absolute: the job's working directory is the cluster's, not ours
     job_id = f"slime-hydra-{uuid.uuid4().hex[:8]}"
-    entry = [sys.executable, "-m", "slime_hydra", f"experiment={experiment}", *FAST, "num_rollout=2",
+    entry = [sys.executable, "-m", "slime_hydra", f"experiment={experiment}", *FAST, "eval=none", "num_rollout=2",
              f"logger.tracking_uri={mlflow_server}", f"logger.mlflow_experiment=ray_job_{job_id}", f"hydra.run.dir={out}"]
     proc = subprocess.run([str(BIN / "ray"), "job", "submit", "--address", ray_head.dashboard_url, "--submission-id", job_id,
                            "--", *entry], capture_output=True, text=True, timeout=600)

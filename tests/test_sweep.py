@@ -54,7 +54,7 @@ def test_optuna_sweep_over_lr(launcher, workdir, request):
     sweep = workdir / "optuna"
     trials = 2 if launcher == "basic" else 3
     args = ["-m", "hydra/sweeper=optuna_maximize", f"hydra.sweeper.n_trials={trials}", "hydra.sweeper.sampler.seed=0",
-            f"hydra.sweep.dir={sweep}", *FAST, "num_rollout=1", f"logger.tracking_uri={db}",
+            f"hydra.sweep.dir={sweep}", *FAST, "eval.skip_eval_before_train=true", "num_rollout=1", f"logger.tracking_uri={db}",
             "train.lr=tag(log,interval(1e-4,1e-2))"]
     if launcher == "ray_head":
         head = request.getfixturevalue("ray_head")

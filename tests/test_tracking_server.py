@@ -13,7 +13,7 @@ from tests.conftest import FAST
 def test_two_concurrent_runs_into_mlflow_server(mlflow_server, workdir):
     from mlflow.tracking import MlflowClient
 
-    common = [*FAST, "num_rollout=2", f"logger.tracking_uri={mlflow_server}", "logger.mlflow_experiment=remote"]
+    common = [*FAST, "eval=none", "num_rollout=2", f"logger.tracking_uri={mlflow_server}", "logger.mlflow_experiment=remote"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     procs = {seed: subprocess.Popen([sys.executable, "-m", "slime_hydra", *common, f"seed={seed}",
                                      f"hydra.run.dir={workdir}/run{seed}"], cwd=workdir, env=env,
