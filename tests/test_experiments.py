@@ -24,7 +24,6 @@ GOLDEN = ROOT / "tests" / "golden"
 MISSING_HERE = ("not found; point model.hf_checkpoint", ": file not found; set ")  # checkpoints/data of GPU machines
 PENDING = {  # experiment -> the problem it waits on (a feature another issue adds)
     "grpo/glm4-9b-dapo-math-1n8g-megatron-sglang-colocate-v1": "has no HF<->Megatron converter yet",
-    "agent/qwen3-4b-calculator-multiturn-1n8g-megatron-sglang-colocate-v1": "rollout.custom_generate is not run by cluster.backend=ray",
 }
 
 

@@ -278,10 +278,6 @@ def check_agent(cfg: RunConfig, problems: list[str]) -> None:
     if cfg.rollout.max_turns < 1:
         problems.append(f"rollout.max_turns={cfg.rollout.max_turns} must be >= 1")
     check_generate("rollout.custom_generate", cfg.rollout.custom_generate, problems)
-    if cfg.rollout.custom_generate and getattr(cfg.cluster, "backend", "local") == "ray":
-        # orchestration's rollout manager builds its engine without slime_hydra.agent.hook.wrap_rollout yet
-        problems.append("rollout.custom_generate is not run by cluster.backend=ray's rollout manager yet; "
-                        "set cluster.backend=local for multi-turn rollouts")
     if cfg.data.tool_key and not cfg.data.apply_chat_template:
         problems.append(f"data.tool_key={cfg.data.tool_key} reaches the model only through the chat template; "
                         "set data.apply_chat_template=true or data.tool_key=null")

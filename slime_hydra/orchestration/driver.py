@@ -3,20 +3,23 @@
 The order is slime's: data and configs are checked first, then the cluster is joined and the layout
 checked against what it holds (a clear error, exit code 2, before any actor or model is built), then
 the placement group, the train group and the rollout manager. The result is the same `Components`
-the in-process build returns, so `engine/loop.py` runs unchanged on either.
+the in-process build returns, so `engine/loop.py` runs unchanged on either. A custom generate hook
+(multi-turn agents) runs in the driver, over the manager's engines, exactly as it runs over an
+in-process engine.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+from slime_hydra.agent.hook import check_sample_overrides, wrap_rollout
 from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.data.buffer import DataBuffer
 from slime_hydra.engine import checkpoint as ckpt
 from slime_hydra.engine.build import Components, build_eval_sets, load_data, restore, seed_everything
 from slime_hydra.engine.steps import rollout_sampling
-from slime_hydra.errors import UserError
+from slime_hydra.errors import ConfigError, UserError
 from slime_hydra.models.build import build_tokenizer
 from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.tracking.base import build_tracker
@@ -37,6 +40,9 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
     tokenizer = build_tokenizer(cfg.model)
     sampling = rollout_sampling(cfg.rollout, (tokenizer.eos_token_id,))
     train_prompts, eval_sets = load_data(cfg, tokenizer), build_eval_sets(cfg, tokenizer, sampling)
+    metadatas = [p.metadata for p in train_prompts] + [p.metadata for es in eval_sets.values() for p in es.prompts]
+    if problems := check_sample_overrides(metadatas, "data"):  # per-sample generate hooks, before the cluster
+        raise ConfigError(problems)
     resume = ckpt.resolve_checkpoint(cfg.load) if cfg.load else None
     model_cfg = cfg.model if resume is None else type(cfg.model)(**{**cfg.model.__dict__, "hf_checkpoint": str(resume)})
     state = ckpt.load_state(resume) if resume else None
@@ -60,7 +66,8 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
             trainer.shutdown()
             placement.shutdown(pg, started)
 
-        rollout = RemoteRollout(manager, on_shutdown=teardown)
+        rollout = wrap_rollout(RemoteRollout(manager, on_shutdown=teardown), tokenizer, cfg.rollout.custom_generate,
+                               cfg.rollout.max_turns, metadatas)
         source = RemoteSource(manager)
         comps = Components(tokenizer, train_prompts, eval_sets, source, trainer, rollout, RewardScorer(cfg.reward),
                            tracker, sampling, output_dir=output_dir, resumed_from=resume,
