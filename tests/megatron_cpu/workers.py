@@ -56,7 +56,25 @@ def run_layout(cfg, hf, parallel, out_dir: str, tag: str) -> dict:
     b.save_hf(os.path.join(out_dir, f"{tag}_hf_before"))
     metrics = b.train_rollout(batch)
     after = b.compute_log_probs(batch)
-    return {"before": before, "after": after, "metrics": metrics}
+    b.save_checkpoint(os.path.join(out_dir, f"{tag}_ckpt"))  # megatron dist checkpoint after one rollout
+    b.train_rollout(batch)
+    return {"before": before, "after": after, "metrics": metrics, "after2": b.compute_log_probs(batch)}
+
+
+def resume_layout(cfg, hf, parallel, ckpt_dir: str) -> dict:
+    """A fresh backend (random weights) that loads `ckpt_dir`, then one more train_rollout."""
+    import dataclasses
+
+    from slime_hydra.training.megatron.backend import MegatronTrainBackend
+
+    par = dataclasses.replace(cfg.parallelism, **parallel)
+    b = MegatronTrainBackend(None, hf.config, cfg.model, par, cfg.algorithm, cfg.train, 1.0, 10,
+                             torch.device("cpu"), seed=cfg.seed + 1, max_response_len=8)
+    b.load_checkpoint(ckpt_dir)
+    batch = fixed_batch()
+    loaded = b.compute_log_probs(batch)
+    b.train_rollout(batch)
+    return {"loaded": loaded, "after2": b.compute_log_probs(batch), "steps_done": b.steps_done}
 
 
 def spawn_main(rank: int, world: int, port: int, out_dir: str, layouts: list[str]) -> None:

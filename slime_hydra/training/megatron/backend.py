@@ -5,12 +5,14 @@ micro-batches that megatron's pipeline schedule (get_forward_backward_func) runs
 micro-batch's loss is divided by the whole step's denominator (algorithms.losses.step_denominator),
 and megatron is told to sum, not average (calculate_per_token_loss, gradients summed over DP, no
 division by the micro-batch count), so a step's gradient equals the torch backend's for any
-TP/PP/DP layout. The micro-batch loss below composes the same pure functions as the torch
-backend (PPO-clip / GSPO / CISPO, TIS, KL loss, entropy, aggregation); only the log-probs differ
-in how they are computed (vocab-parallel, chunked: logprobs.py).
-Left out: context parallelism (the SDPA core attention is single-rank along the sequence),
-MoE / MLA weight conversion (convert.py), megatron distributed checkpoints (resume goes through
-the HF weights plus the optimizer state in state.pt, as train=torch does).
+TP/PP/DP layout. The micro-batch loss is the torch backend's (training/policy_loss.py: PPO-clip /
+GSPO / CISPO, TIS, KL loss, entropy, aggregation); only the log-probs differ in how they are
+computed (vocab-parallel, chunked: logprobs.py).
+Checkpoints: `save_checkpoint` / `load_checkpoint` write and read megatron's distributed format
+(checkpoint.py; any TP/PP/DP layout); `state_dict` keeps the torch backend's form (optimizer state
+in state.pt) for the engine's resume with the plain optimizer.
+Left out: context parallelism (the SDPA core attention is single-rank along the sequence) and
+expert parallelism (convert.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from slime_hydra.algorithms import losses as L
-from slime_hydra.algorithms import surrogates as S
 from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import AlgorithmConfig, ModelConfig, ParallelismConfig, TrainConfig
 from slime_hydra.training.base import TrainBatch, shaping_kl
@@ -37,14 +38,18 @@ from slime_hydra.training.megatron import convert
 from slime_hydra.training.megatron.logprobs import vocab_parallel_logprobs
 from slime_hydra.training.megatron.model import DTYPES, build_gpt, padded_vocab_size, transformer_config
 from slime_hydra.training.megatron.parallel import init_parallel
+from slime_hydra.training.policy_loss import old_log_probs, policy_loss
 from slime_hydra.training.schedule import lr_multiplier
 
 
 class MegatronTrainBackend:
     def __init__(self, hf_weights, hf_config, model: ModelConfig, parallel: ParallelismConfig, algorithm: AlgorithmConfig,
                  train: TrainConfig, temperature: float, total_steps: int, device: torch.device, seed: int = 1234,
-                 max_response_len: Optional[int] = None, sdpa: bool = True):
-        """hf_weights: HF name -> tensor (a state dict or convert.SafetensorsDir); hf_config: its transformers config."""
+                 max_response_len: Optional[int] = None, sdpa: bool = True, config_overrides: Optional[dict] = None,
+                 grad_reduce_in_fp32: bool = True, compile_layers: bool = False):
+        """hf_weights: HF name -> tensor (a state dict or convert.SafetensorsDir); hf_config: its transformers config.
+        config_overrides (TransformerConfig fields, e.g. recompute_modules), grad_reduce_in_fp32 and compile_layers
+        (torch.compile of each transformer layer) are the knobs benchmarks/bench_megatron.py compares."""
         problems = convert.check_convertible(model)
         if problems:
             raise ValueError(problems[0])
@@ -54,7 +59,7 @@ class MegatronTrainBackend:
         self.max_response_len = max_response_len
         self.vocab = hf_config.vocab_size
         self.custom_loss = load_target(algorithm.custom_loss)
-        self.config = transformer_config(model, parallel)
+        self.config = transformer_config(model, parallel, **(config_overrides or {}))
         self.sdpa = sdpa
         gpt = self._new_gpt()
         if hf_weights is not None:  # None: keep megatron's random initialisation (benchmarks)
@@ -62,7 +67,10 @@ class MegatronTrainBackend:
         self.gpt = gpt
         self.config.finalize_model_grads_func = lambda chunks, num_tokens=None, **kw: finalize_model_grads(chunks, None, **kw)
         self.ddp = DistributedDataParallel(self.config, DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, use_distributed_optimizer=parallel.use_distributed_optimizer), module=gpt)
+            grad_reduce_in_fp32=grad_reduce_in_fp32, use_distributed_optimizer=parallel.use_distributed_optimizer), module=gpt)
+        if compile_layers:
+            for layer in gpt.decoder.layers:
+                layer.compile()
         self.optimizer = self._optimizer(train.lr, train.weight_decay)
         self.lr_at = lr_multiplier(train.lr_decay_style, train.lr_warmup_iters, total_steps, train.lr, train.min_lr)
         self.steps_done = 0
@@ -82,7 +90,7 @@ class MegatronTrainBackend:
 
     def _load(self, gpt: torch.nn.Module, hf_weights) -> None:
         tp = ps.get_tensor_model_parallel_world_size()
-        shard = convert.hf_to_megatron(hf_weights, self.mcfg, tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=tp,
+        shard = convert.hf_to_megatron(convert.hub_names(hf_weights), self.mcfg, tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=tp,
                                        v_pad=padded_vocab_size(self.vocab, tp), **self._layout)
         own = gpt.state_dict()
         missing = sorted(k for k in own if k not in shard and not k.endswith("_extra_state"))
@@ -234,33 +242,14 @@ class MegatronTrainBackend:
         return float(grad_norm or 0.0)
 
     def _loss(self, mb: TrainBatch, logits: torch.Tensor, old_all, denom: float, metric_mode: str, metric_denom: float):
-        """One micro-batch on the last stage: (loss, 1, metrics). Mirrors TorchTrainBackend._micro_batch_loss."""
-        a, mode = self.algo, self.algo.loss_aggregation
+        """One micro-batch on the last stage: (loss, 1, metrics), the torch backend's policy_loss on vocab-parallel log-probs."""
+        a = self.algo
         mask, adv = mb.loss_mask.to(self.device), mb.advantages.to(self.device)
         logp, ent = self._logp(mb, logits, with_entropy=bool(a.entropy_coef))  # [n, T]
-        if a.use_rollout_logprobs:
-            old = mb.rollout_log_probs.to(self.device, logp.dtype)
-        elif old_all is not None:
-            old = old_all[mb.idx, : logp.shape[1]].to(self.device, logp.dtype)
-        else:
-            old = logp.detach()
-        pg_tok, clipped, ppo_kl = self._surrogate(logp, old, adv, mask)
-        per_token = {"pg_clipfrac": clipped, "ppo_kl": ppo_kl, "entropy": ent}
         rollout_lp = mb.rollout_log_probs.to(self.device) if mb.rollout_log_probs is not None else None
-        if a.use_tis:
-            w, per_token["tis_clipfrac"] = S.tis_weights(old, rollout_lp, a.tis_clip_low, a.tis_clip)
-            pg_tok = pg_tok * w
-        pg_loss = L.aggregate(pg_tok, mask, mode, denom)
-        scalars = {"pg_loss": pg_loss}
-        loss = pg_loss - a.entropy_coef * L.aggregate(ent, mask, mode, denom) if a.entropy_coef else pg_loss
-        if a.use_kl_loss:
-            ref = self._ref_logp(mb)
-            kl = L.unbiased_kl_estimate(logp, ref, old, a.kl_loss_type) if a.use_unbiased_kl else L.kl_estimate(logp, ref, a.kl_loss_type)
-            scalars["kl_loss"] = L.aggregate(kl, mask, mode, denom)
-            loss = loss + a.kl_loss_coef * scalars["kl_loss"]
-        scalars["loss"] = loss
-        if rollout_lp is not None:
-            per_token["rollout_logprob_abs_diff"] = ((logp.detach() if a.use_rollout_logprobs else old) - rollout_lp).abs()
+        old = old_log_probs(a, logp, rollout_lp, None if old_all is None else old_all[mb.idx])
+        loss, scalars, per_token = policy_loss(a, self.custom_loss, logp, ent, old, adv, mask, rollout_lp,
+                                               lambda: self._ref_logp(mb), denom)
         metrics = {k: v.detach() for k, v in scalars.items()}
         metrics |= {k: L.aggregate(t.detach(), mask, metric_mode, metric_denom) for k, t in per_token.items()}
         return loss, torch.tensor(1, device=self.device), metrics
@@ -275,16 +264,6 @@ class MegatronTrainBackend:
             ids = torch.nn.functional.pad(ids, (0, w - ids.shape[1]))
             pos = torch.arange(w, device=self.device).expand_as(ids)
             return self._logp(mb, self.ref(input_ids=ids, position_ids=pos, attention_mask=None), False)[0]
-
-    def _surrogate(self, logp, old, adv, mask):
-        a = self.algo
-        if self.custom_loss is not None:
-            return self.custom_loss(logp, old, adv, mask), torch.zeros_like(logp), old - logp
-        if a.advantage_estimator == "gspo":
-            return S.gspo_loss(logp, old, adv, mask, a.eps_clip, a.eps_clip_high, a.eps_clip_c)
-        if a.advantage_estimator == "cispo":
-            return S.cispo_loss(logp, old, adv, a.eps_clip, a.eps_clip_high)
-        return L.ppo_clip_loss(logp, old, adv, a.eps_clip, a.eps_clip_high, a.eps_clip_c)
 
     # -- SFT warm start ----------------------------------------------------------------------
     def sft_step(self, batch: TrainBatch, lr: float) -> float:
@@ -348,10 +327,24 @@ class MegatronTrainBackend:
         if dist.get_world_size() > 1:
             dist.barrier()
 
+    def save_checkpoint(self, path: str) -> None:
+        """Collective: model, optimizer and KL reference into `<path>/megatron` (dist_checkpointing, atomic)."""
+        from slime_hydra.training.megatron import checkpoint
+
+        checkpoint.save(path, self.gpt, self.optimizer, self.ref, {"steps_done": self.steps_done})
+
+    def load_checkpoint(self, path: str) -> None:
+        """Collective: the inverse of save_checkpoint, for this run's layout (any TP/PP/DP the checkpoint was written with)."""
+        from slime_hydra.training.megatron import checkpoint
+
+        if self.ref is None and (self.algo.use_kl_loss or self.algo.kl_coef != 0):
+            self.ref = self._new_gpt().eval().requires_grad_(False)
+        self.steps_done = checkpoint.load(path, self.gpt, self.optimizer, self.ref)["steps_done"]
+
     def state_dict(self) -> dict:
         if self.pcfg.use_distributed_optimizer:
-            raise NotImplementedError("parallelism.use_distributed_optimizer=true: optimizer state needs megatron's "
-                                      "distributed checkpointing, which this backend does not write yet")
+            raise NotImplementedError("parallelism.use_distributed_optimizer=true: the optimizer state is sharded; "
+                                      "use save_checkpoint (megatron's distributed checkpointing)")
         state = {"optimizer": self.optimizer.state_dict(), "steps_done": self.steps_done}
         if self.ref is not None:
             state["ref_model"] = self.ref.state_dict()

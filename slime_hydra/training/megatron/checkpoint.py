@@ -1,0 +1,99 @@
+"""Megatron-format checkpoints (megatron.core.dist_checkpointing): model + optimizer, any TP/PP/DP layout.
+
+Every rank writes its shards into `<path>/.megatron.partial/`; once all have finished, rank 0
+renames it to `<path>/megatron/` (a crash mid-save leaves any earlier `megatron/` intact). The
+tensors are stored by their global shape and offsets (megatron's ShardedTensors), so a checkpoint
+written with TP=2 loads with TP=1 and vice versa. The distributed optimizer's state is written in
+megatron's dp_reshardable format: it reloads under another DP size but the same TP/PP layout
+(megatron-core 0.16.1's fully_reshardable format fails to load with torch's Adam: KeyError 'step'
+in distrib_optimizer.py:940). Scalars (optimizer step counts, the backend's
+own counters) go into the common part. Left out: asynchronous saving (megatron's
+async_sharded_save) and any lookahead for a shared filesystem's consistency: ranks of one job are
+assumed to see the same directory, as megatron's own checkpointing assumes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing
+
+DIRNAME = "megatron"
+_OPT_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
+def _sharded(model, optimizer, ref, is_loading: bool) -> dict:
+    sd = {"model": model.sharded_state_dict()}
+    sd["optimizer"] = optimizer.sharded_state_dict(sd["model"], is_loading=is_loading, metadata=_OPT_METADATA)
+    if ref is not None:  # the KL reference: same layout as the policy, its own key prefix
+        sd["ref_model"] = ref.sharded_state_dict(prefix="ref_model.")
+    return sd
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def save(path: str | Path, model, optimizer, ref=None, extra: dict | None = None) -> Path:
+    """Collective: every rank calls it with its own shards. Returns `<path>/megatron`."""
+    root = Path(path)
+    final, tmp = root / DIRNAME, root / f".{DIRNAME}.partial"
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    if rank0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
+    sd = _sharded(model, optimizer, ref, is_loading=False)
+    sd["extra"] = dict(extra or {})
+    dist_checkpointing.save(sd, str(tmp), content_metadata=_OPT_METADATA)
+    _barrier()
+    if rank0:
+        if final.exists():
+            old = root / f".{DIRNAME}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, final)
+    _barrier()
+    return final
+
+
+def exists(path: str | Path) -> bool:
+    return (Path(path) / DIRNAME / "metadata.json").is_file()
+
+
+def _init_distributed_optimizer_state(optimizer) -> None:
+    """megatron-core 0.16.1 with torch's Adam (no Apex / TE): DistributedOptimizer.sharded_state_dict(is_loading=True)
+    calls state_dict(), which asserts one shared 'step' over the parameters' states, before any state exists
+    (distrib_optimizer.py:642). Zero states with step 0 make the assertion hold; the checkpoint overwrites them."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if not isinstance(opt, DistributedOptimizer):
+            continue
+        for group in opt.optimizer.param_groups:
+            for p in group["params"]:
+                state = opt.optimizer.state[p]
+                if not state:
+                    state.update(exp_avg=torch.zeros_like(p.data), exp_avg_sq=torch.zeros_like(p.data), step=torch.tensor(0.0))
+
+
+def load(path: str | Path, model, optimizer, ref=None) -> dict:
+    """Collective: fills model, optimizer (and ref) in place from `<path>/megatron`; returns `extra`."""
+    ckpt = Path(path) / DIRNAME
+    _init_distributed_optimizer_state(optimizer)
+    sd = _sharded(model, optimizer, ref, is_loading=True)  # `extra` comes from the checkpoint's common part
+    state = dist_checkpointing.load(sd, str(ckpt))
+    model.load_state_dict(state["model"])
+    with torch.no_grad():  # the distributed optimizer copies into its main params, leaves that require grad
+        optimizer.load_state_dict(state["optimizer"])
+    if ref is not None:
+        ref.load_state_dict({k.removeprefix("ref_model."): v for k, v in state["ref_model"].items()})
+    return state.get("extra") or {}
