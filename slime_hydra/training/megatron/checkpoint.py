@@ -4,9 +4,10 @@ Every rank writes its shards into `<path>/.megatron.partial/`; once all have fin
 renames it to `<path>/megatron/` (a crash mid-save leaves any earlier `megatron/` intact). The
 tensors are stored by their global shape and offsets (megatron's ShardedTensors), so a checkpoint
 written with TP=2 loads with TP=1 and vice versa. The distributed optimizer's state is written in
-megatron's dp_reshardable format: it reloads under another DP size but the same TP/PP layout
-(megatron-core 0.16.1's fully_reshardable format fails to load with torch's Adam: KeyError 'step'
-in distrib_optimizer.py:940). Scalars (optimizer step counts, the backend's
+megatron's dp_reshardable format, meant to reload under another DP size and the same TP/PP layout;
+NOT verified: under the CPU shim a DP=2 checkpoint reloaded with DP=1 gave wrong weights (log-probs
+off by up to 0.05), and megatron-core 0.16.1's fully_reshardable format fails to load with torch's
+Adam (KeyError 'step', distrib_optimizer.py:940). Resume with use_distributed_optimizer is open. Scalars (optimizer step counts, the backend's
 own counters) go into the common part. Left out: asynchronous saving (megatron's
 async_sharded_save) and any lookahead for a shared filesystem's consistency: ranks of one job are
 assumed to see the same directory, as megatron's own checkpointing assumes.
