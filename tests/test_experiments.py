@@ -22,9 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(str(p.relative_to(ROOT / "experiments").with_suffix("")) for p in (ROOT / "experiments").rglob("*.yaml"))
 GOLDEN = ROOT / "tests" / "golden"
 MISSING_HERE = ("not found; point model.hf_checkpoint", ": file not found; set ")  # checkpoints/data of GPU machines
-PENDING = {  # experiment -> the problem it waits on (a feature another issue adds)
-    "grpo/glm4-9b-dapo-math-1n8g-megatron-sglang-colocate-v1": "has no HF<->Megatron converter yet",
-}
+PENDING: dict[str, str] = {}  # experiment -> the problem it waits on (a feature another issue adds)
 
 
 def compose(name: str):

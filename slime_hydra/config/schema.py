@@ -264,7 +264,8 @@ class TrainConfig:
     backend: str = "torch"  # torch | megatron
     global_batch_size: Optional[int] = None  # samples per optimizer step; derived when None
     num_steps_per_rollout: Optional[int] = None  # optimizer steps per rollout; derived when None
-    micro_batch_size: int = 1  # slime's default; the embedded experiment uses one micro-batch per step
+    # slime's default is 1; None: the whole step (a rank's share of global_batch_size) in one micro-batch
+    micro_batch_size: Optional[int] = 1
     lr: float = 1e-6
     min_lr: float = 0.0
     critic_lr: Optional[float] = None  # ppo's critic; None: lr (min_lr scales with it)

@@ -65,7 +65,12 @@ def check_batch(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
         problems.append(f"{lhs} must equal train.global_batch_size × train.num_steps_per_rollout = {gbs} × {steps}; {fixes}")
         return
     t.global_batch_size, t.num_steps_per_rollout = gbs, steps
-    notes.append(f"batch: {lhs} = train.global_batch_size × train.num_steps_per_rollout = {gbs} × {steps}")
+    if t.micro_batch_size is None:  # one micro-batch per step: a rank's share of the global batch
+        c = cfg.cluster
+        ranks = c.actor_num_nodes * c.actor_num_gpus_per_node if c.backend == "ray" else 1
+        t.micro_batch_size = max(gbs // max(ranks, 1), 1)
+    notes.append(f"batch: {lhs} = train.global_batch_size × train.num_steps_per_rollout = {gbs} × {steps}"
+                 f" (train.micro_batch_size={t.micro_batch_size})")
     if t.micro_batch_size < 1 or gbs % t.micro_batch_size:
         problems.append(f"train.micro_batch_size={t.micro_batch_size} must divide train.global_batch_size={gbs}; set train.micro_batch_size to a divisor of {gbs}")
 
