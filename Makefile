@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install run test test-all bench bench-rollout bench-algorithms bench-megatron bench-sglang-gpu clean golden
+.PHONY: help install run test test-all bench bench-rollout bench-algorithms bench-async bench-megatron bench-sglang-gpu clean golden
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -38,6 +38,9 @@ bench-rollout: $(STAMP) ## rollout tokens/s and weight-sync seconds: local vs sg
 
 bench-algorithms: $(STAMP) ## every algorithm= option from one warm start: held-out accuracy and wall time
 	$(PY) -m benchmarks.bench_algorithms
+
+bench-async: $(STAMP) ## train_mode=sync vs async on the embedded default: s/rollout and held-out accuracy, 2 seeds
+	$(PY) -m benchmarks.bench_async
 
 bench-megatron: ## (GPU) megatron vs torch backend: train tokens/s, MFU, peak memory, Qwen3-0.6B/4B shapes, seq 2048
 	$(PY) -m benchmarks.bench_megatron
