@@ -131,3 +131,11 @@ def test_cli_help_lists_groups_and_options(workdir):
     for group in GROUP_SCHEMAS:
         assert f"{group}:" in proc.stdout, group
     assert "qwen3_tiny" in proc.stdout and "dr_grpo" in proc.stdout
+
+
+def test_null_micro_batch_with_a_bad_batch_shape_is_a_config_error():
+    # micro_batch_size=null is derived only once the batch identity holds; 32 x 8 = 256 is not divisible by 100, so the
+    # identity error is reported (no TypeError from the later per-rank micro-batch check)
+    with pytest.raises(ConfigError, match="is not divisible by train.global_batch_size=100"):
+        compose_run(["cluster.backend=ray", "cluster.actor_num_gpus_per_node=2", "train.global_batch_size=100",
+                     "train.micro_batch_size=null"])

@@ -352,7 +352,8 @@ def check_cluster(cfg: RunConfig, problems: list[str], notes: list[str]) -> None
     if c.backend == "ray" and gbs and gbs % actor:
         problems.append(f"train.global_batch_size={gbs} is not divisible by the {actor} data-parallel ranks ({actor_txt}); "
                         f"set train.global_batch_size to a multiple of {actor}")
-    elif c.backend == "ray" and gbs and (gbs // actor) % cfg.train.micro_batch_size:
+    # micro_batch_size still None here means the batch identity failed (already reported)
+    elif c.backend == "ray" and gbs and cfg.train.micro_batch_size and (gbs // actor) % cfg.train.micro_batch_size:
         problems.append(f"train.micro_batch_size={cfg.train.micro_batch_size} must divide the per-rank batch train.global_batch_size / "
                         f"ranks = {gbs} / {actor} = {gbs // actor}; set train.micro_batch_size to a divisor of {gbs // actor}")
     if c.backend == "ray":
