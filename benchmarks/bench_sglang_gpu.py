@@ -12,8 +12,11 @@ Parts (each prints its table and writes <out>/<part>.json):
 - `grpo`, `sync`, `async`: the real CLI (`python -m slime_hydra`) on that model shape, trainer and engine
   colocated on the GPU, weights synced from tensors every rollout. `grpo` releases the engine's memory
   around training and checks the engine's weights against the trainer's after every sync; `sync` and
-  `async` (train_mode=async) are the issue-8 pair, with the same settings (engine memory kept). Per-rollout
-  times come from the run's TensorBoard events; sample weight versions from save_debug_rollout_data.
+  `async` (train_mode=async) are the issue-8 pair through the CLI, one process (and one engine start) each,
+  on the task of benchmarks/bench_async_sglang.py. Per-rollout times come from the run's TensorBoard
+  events; sample weight versions from save_debug_rollout_data.
+- `pair`: the issue-8 pair in one process sharing one engine start (benchmarks/bench_async_sglang.py):
+  sync and async from the same initial weights and prompts, with the start-up broken down.
 - `all`: the parts in order, each only while enough of `--deadline-s` is left; parts already done in an
   earlier call on the same machine (`--state` directory) are skipped and their results copied to `--out`.
 
@@ -39,11 +42,8 @@ MODEL = ["model=qwen3_0_6b", "rollout=sglang", "cluster.device=cuda", "+rollout.
 # CUDA graphs (their capture took most of a 120 s engine start there; decode graphs stay)
 SHAPE = ["rollout.rollout_batch_size=32", "rollout.n_samples_per_prompt=8", "rollout.rollout_max_response_len=256",
          "train.micro_batch_size=32", "rollout.sglang_request_batch_size=32", "+rollout.sglang.disable_prefill_cuda_graph=true"]
-RUNS = {
-    "grpo": ["num_rollout=3", "+rollout.sglang.enable_memory_saver=true", "rollout.check_weight_update_equal=true"],
-    "sync": ["num_rollout=4", "cluster.offload_rollout=false"],
-    "async": ["num_rollout=4", "cluster.offload_rollout=false", "train_mode=async"],
-}
+RUNS = {"grpo": ["num_rollout=3", "+rollout.sglang.enable_memory_saver=true", "rollout.check_weight_update_equal=true"]}
+PAIR_ROLLOUTS = 8  # sync/async (CLI) and pair: rollouts per mode
 # --smoke: the same code paths on CPU with the tiny model and the CPU engine flags (checks the script, not speed)
 SMOKE_MODEL = ["rollout=sglang_cpu", "cluster.device=cpu"]
 SMOKE_SHAPE = ["rollout.rollout_batch_size=4", "rollout.n_samples_per_prompt=2", "rollout.rollout_max_response_len=8",
@@ -227,10 +227,17 @@ def engine_run(name: str, args, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / f"run_{name}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    base = [*SMOKE_MODEL, *SMOKE_SHAPE] if args.smoke else [*MODEL, *SHAPE]
-    # smoke: two rollouts, no memory saver (CPU)
-    run = [o for o in RUNS[name] if not (args.smoke and ("enable_memory_saver" in o or o.startswith("num_rollout=")))]
-    overrides = [*base, "eval=none", "logger=tensorboard", *run, *(["num_rollout=2"] if args.smoke else []), f"hydra.run.dir={run_dir}", f"save_debug_rollout_data={run_dir}/rollouts"]
+    if name in ("sync", "async"):  # the issue-8 task (bench_async_sglang), one process per mode
+        from benchmarks.bench_async_sglang import overrides as pair_overrides
+
+        task = [o for o in pair_overrides(args.smoke, name, 2 if args.smoke else PAIR_ROLLOUTS) if not o.startswith("logger")]
+        overrides = [*task, "logger=tensorboard", f"hydra.run.dir={run_dir}", f"save_debug_rollout_data={run_dir}/rollouts"]
+    else:
+        base = [*SMOKE_MODEL, *SMOKE_SHAPE] if args.smoke else [*MODEL, *SHAPE]
+        # smoke: two rollouts, no memory saver (CPU)
+        run = [o for o in RUNS[name] if not (args.smoke and ("enable_memory_saver" in o or o.startswith("num_rollout=")))]
+        overrides = [*base, "eval=none", "logger=tensorboard", *run, *(["num_rollout=2"] if args.smoke else []),
+                     f"hydra.run.dir={run_dir}", f"save_debug_rollout_data={run_dir}/rollouts"]
     cmd = [sys.executable, "-m", "slime_hydra", *overrides]
     log(" ".join(cmd))
     t0 = time.perf_counter()
@@ -263,7 +270,7 @@ def summarize_run(name: str, run_dir: Path, overrides: list[str], wall: float) -
     later = [r["perf/step_time_s"] for s, r in rows.items() if s > 1 and "perf/step_time_s" in r]
     res = {"overrides": overrides, "process_wall_s": wall, "steps": rows, "sample_weight_versions": versions,
            "step_time_mean_after_first_s": statistics.mean(later) if later else None}
-    print(f"\n{name}: {' '.join(RUNS[name])}")
+    print(f"\n{name}: {' '.join(RUNS.get(name, overrides))}")
     print(f"  {'step':>4} {'rollout s':>10} {'train s':>8} {'sync s':>7} {'step s':>7} {'rollout tok/s':>14} {'lag':>5}  versions")
     for s, r in rows.items():
         print(f"  {s:>4} {r.get('perf/rollout_time_s', 0):>10.2f} {r.get('perf/train_time_s', 0):>8.2f} "
@@ -276,10 +283,20 @@ def summarize_run(name: str, run_dir: Path, overrides: list[str], wall: float) -
 
 # -- driver --------------------------------------------------------------------------------------------
 
-PARTS = {"throughput": 330, "grpo": 140, "sync": 125, "async": 125}  # seconds each may need (start + work)
+PARTS = {"throughput": 330, "grpo": 140, "sync": 200, "async": 200, "pair": 300}  # seconds each may need (start + work)
 
 
-def run_part(name: str, args, out: Path) -> dict:
+def pair(args, out: Path, deadline_s: float) -> dict:
+    from benchmarks import bench_async_sglang
+
+    argv = ["--out", str(out), "--rollouts", str(2 if args.smoke else PAIR_ROLLOUTS), "--order", args.pair_order,
+            "--deadline-s", str(deadline_s), *(["--smoke"] if args.smoke else [])]
+    return bench_async_sglang.main(argv)
+
+
+def run_part(name: str, args, out: Path, left_s: float) -> dict:
+    if name == "pair":
+        return pair(args, out, left_s)
     return throughput(args, out) if name == "throughput" else engine_run(name, args, out)
 
 
@@ -296,6 +313,7 @@ def main() -> None:
     ap.add_argument("--run-timeout-s", type=float, default=400.0)
     ap.add_argument("--parts", default=",".join(PARTS), help="all: which parts, in order")
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny model, CPU engine flags (checks the script)")
+    ap.add_argument("--pair-order", default="sync,async,async,sync", help="pair: the modes in the order they run")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out, state = Path(args.out), Path(args.state)
@@ -316,7 +334,7 @@ def main() -> None:
         log(f"{name}: start ({left:.0f} s left)")
         work = state / "work" / name
         try:
-            res = run_part(name, args, work)
+            res = run_part(name, args, work, left)
         except Exception as e:  # noqa: BLE001 - the other parts still run
             log(f"{name}: FAILED {type(e).__name__}: {e}")
             for f in work.glob("**/*.log"):

@@ -4,7 +4,8 @@
 # dependencies (.gpuwhl: hydra-core, omegaconf, antlr4, math-verify, latex2sympy2_extended), then run
 # `benchmarks.bench_sglang_gpu all` until the call's time is nearly spent. Parts done in an earlier call on
 # the same (still warm) machine are skipped, so calling this again finishes the rest.
-#   usage: [PARTS=grpo,sync,async] bash benchmarks/gpu/h200.sh [call seconds, default 600]
+#   usage: [PARTS=grpo,sync,async,pair] bash benchmarks/gpu/h200.sh [call seconds, default 600]
+#   issue 8's sync vs async in one process, one engine start: PARTS=pair (benchmarks/bench_async_sglang.py)
 set -uo pipefail
 limit=${1:-600}
 out=${OUT:-bench_out/sglang_gpu}
