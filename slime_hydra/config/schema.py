@@ -138,6 +138,9 @@ class ParallelismConfig:
     recompute_granularity: Optional[str] = None  # None | full | selective
     recompute_method: Optional[str] = None  # uniform | block (with recompute_granularity=full)
     recompute_num_layers: Optional[int] = None
+    # with recompute_granularity=selective: which submodules (megatron's names: core_attn, mlp, layernorm, moe,
+    # shared_experts, mla_up_proj); None: megatron's default [core_attn]
+    recompute_modules: Optional[list[str]] = None
 
 
 @dataclass
@@ -260,6 +263,21 @@ class RewardConfig:
 
 
 @dataclass
+class MegatronConfig:
+    """Speed and precision settings of the megatron backend (train.backend=megatron only)."""
+
+    # torch.compile of each transformer layer (Triton kernels fuse the norms, rotary, SwiGLU and residual
+    # adds that run unfused without Transformer Engine); CUDA only. 4B seq 2048 on the H200: docs/gpu_results.md
+    compile_layers: bool = False
+    # megatron DDP's name: accumulate and reduce gradients in fp32 buffers; false keeps them in the params'
+    # dtype (half the buffer memory, rounding over micro-batches)
+    grad_reduce_in_fp32: bool = True
+    # slime's name: tokens per chunk of the fp32 log-prob / entropy computation (training/megatron/logprobs.py);
+    # -1: one chunk (materialises [tokens, vocab] fp32 logits)
+    log_probs_chunk_size: int = 1024
+
+
+@dataclass
 class TrainConfig:
     backend: str = "torch"  # torch | megatron
     global_batch_size: Optional[int] = None  # samples per optimizer step; derived when None
@@ -282,6 +300,7 @@ class TrainConfig:
     # Run each distinct prompt once per micro-batch and share its activations (KV) with the group's
     # samples: the same loss and gradients as the plain forward, fewer FLOPs (training/prefix.py).
     prefix_sharing: bool = True
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)  # read by train.backend=megatron only
 
 
 @dataclass

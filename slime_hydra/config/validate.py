@@ -109,11 +109,13 @@ def check_values(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
         t.skip_zero_advantage_samples = False
         notes.append("train.skip_zero_advantage_samples turned off: the KL/entropy/custom loss terms depend on every sample")
     check_algorithm(cfg, problems, notes)
-    from slime_hydra.training.megatron.checks import check_megatron, check_model  # no megatron import
+    from slime_hydra.training.megatron.checks import check_megatron, check_model, check_unused  # no megatron import
 
     check_model(cfg, problems)
     if cfg.train.backend == "megatron":
         check_megatron(cfg, problems)
+    else:
+        check_unused(cfg, problems)
     if cfg.train.backend == "torch":
         p = cfg.parallelism
         if (p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size, p.expert_model_parallel_size) != (1, 1, 1, 1):

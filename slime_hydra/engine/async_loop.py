@@ -68,7 +68,7 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
             if due(step, cfg.save_interval, cfg.num_rollout):  # save, with the rollouts still waiting
                 waiting = gen.state_dict()  # drains the generation first: the buffer is at rest
                 state = engine_state(c, rollout_id) | waiting
-                ckpt.save_checkpoint(save_dir, rollout_id, lambda p: c.trainer.save_hf(p, c.tokenizer), state)
+                ckpt.save_checkpoint(save_dir, rollout_id, ckpt.trainer_files(c.trainer, c.tokenizer), state)
     finally:
         gen.close()
         bar.close()

@@ -28,7 +28,7 @@ from slime_hydra.models.build import build_model, build_tokenizer
 from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.rollout.base import RolloutBackend
 from slime_hydra.tracking.base import Tracker, build_tracker
-from slime_hydra.training.base import TrainBackend
+from slime_hydra.training.base import DistCheckpointing, TrainBackend
 from slime_hydra.types import SamplingParams
 
 
@@ -148,13 +148,17 @@ def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) 
 
 
 def engine_state(c: Components, rollout_id: int) -> dict:
-    return {"rollout_id": rollout_id, "trainer": c.trainer.state_dict(), "rollout": c.rollout.state_dict(),
+    trainer = None if isinstance(c.trainer, DistCheckpointing) else c.trainer.state_dict()  # megatron: <ckpt>/megatron/
+    return {"rollout_id": rollout_id, "trainer": trainer, "rollout": c.rollout.state_dict(),
             "source": c.source.state_dict(), "buffer": c.buffer.state_dict(), "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
             "history": c.history, "tracker_run_id": c.tracker.run_id}
 
 
 def restore(c: Components, state: dict) -> None:
-    c.trainer.load_state_dict(state["trainer"])
+    if isinstance(c.trainer, DistCheckpointing):
+        c.trainer.load_checkpoint(str(c.resumed_from))
+    else:
+        c.trainer.load_state_dict(state["trainer"])
     c.rollout.load_state_dict(state["rollout"])
     c.source.load_state_dict(state["source"])
     if "buffer" in state:

@@ -1,7 +1,9 @@
 """Atomic checkpoints: HF weights (loadable by `from_pretrained`) plus the exact state to resume.
 
 Layout: <save>/rollout_000010/{model.safetensors, config.json, tokenizer.json, ..., state.pt}
-and <save>/latest naming the newest one. A checkpoint is written into a hidden temporary
+and <save>/latest naming the newest one. A DistCheckpointing trainer (train.backend=megatron) adds its
+own `megatron/` directory (model, optimizer, reference in megatron's distributed format) and keeps its
+state out of state.pt. A checkpoint is written into a hidden temporary
 directory and renamed into place, and `latest` is replaced atomically, so a crash mid-save leaves
 the previous checkpoint intact.
 """
@@ -19,6 +21,18 @@ import torch
 
 def checkpoint_name(rollout_id: int) -> str:
     return f"rollout_{rollout_id:06d}"
+
+
+def trainer_files(trainer, tokenizer):
+    """The `write_hf` of save_checkpoint: HF weights + tokenizer, and the trainer's own checkpoint if it has one."""
+    from slime_hydra.training.base import DistCheckpointing
+
+    def write(path: str) -> None:
+        trainer.save_hf(path, tokenizer)
+        if isinstance(trainer, DistCheckpointing):
+            trainer.save_checkpoint(path)
+
+    return write
 
 
 def save_checkpoint(save_dir: str, rollout_id: int, write_hf, state: dict[str, Any]) -> Path:

@@ -45,7 +45,7 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
         c.history.append((step, metrics))
         bar.update(metrics)
         if due(step, cfg.save_interval, cfg.num_rollout):  # save
-            ckpt.save_checkpoint(save_dir, rollout_id, lambda p: c.trainer.save_hf(p, c.tokenizer), engine_state(c, rollout_id))
+            ckpt.save_checkpoint(save_dir, rollout_id, ckpt.trainer_files(c.trainer, c.tokenizer), engine_state(c, rollout_id))
     bar.close()
     return c.history
 

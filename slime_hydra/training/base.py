@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Protocol
+from typing import Callable, Iterator, Optional, Protocol, runtime_checkable
 
 import torch
 
@@ -65,6 +65,19 @@ class TrainBackend(Protocol):
 
     def save_hf(self, path: str, tokenizer) -> None: ...
 
-    def state_dict(self) -> dict: ...
+    def state_dict(self) -> dict:
+        """The trainer's resume state for the engine's state.pt (a DistCheckpointing backend has none)."""
+        ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+
+@runtime_checkable
+class DistCheckpointing(Protocol):
+    """A trainer whose resume state (weights, optimizer, reference, counters) is its own on-disk format written
+    into the checkpoint directory (megatron's distributed checkpointing: any parallel layout, optimizer shards)
+    instead of the engine's state.pt. Both calls are collective over the trainer's ranks."""
+
+    def save_checkpoint(self, path: str) -> None: ...
+
+    def load_checkpoint(self, path: str) -> None: ...

@@ -9,8 +9,8 @@ TP/PP/DP layout. The micro-batch loss is the torch backend's (training/policy_lo
 GSPO / CISPO, TIS, KL loss, entropy, aggregation); only the log-probs differ in how they are
 computed (vocab-parallel, chunked: logprobs.py).
 Checkpoints: `save_checkpoint` / `load_checkpoint` write and read megatron's distributed format
-(checkpoint.py; any TP/PP/DP layout); `state_dict` keeps the torch backend's form (optimizer state
-in state.pt) for the engine's resume with the plain optimizer.
+(checkpoint.py; any TP/PP layout); the engine's save/load go through them (training.base.DistCheckpointing:
+`<ckpt>/megatron/` beside the HF weights, nothing of the trainer in state.pt).
 Left out: context parallelism (the SDPA core attention is single-rank along the sequence) and
 expert parallelism (convert.py).
 """
@@ -45,11 +45,9 @@ from slime_hydra.training.schedule import lr_multiplier
 class MegatronTrainBackend:
     def __init__(self, hf_weights, hf_config, model: ModelConfig, parallel: ParallelismConfig, algorithm: AlgorithmConfig,
                  train: TrainConfig, temperature: float, total_steps: int, device: torch.device, seed: int = 1234,
-                 max_response_len: Optional[int] = None, sdpa: bool = True, config_overrides: Optional[dict] = None,
-                 grad_reduce_in_fp32: bool = True, compile_layers: bool = False):
+                 max_response_len: Optional[int] = None, sdpa: bool = True):
         """hf_weights: HF name -> tensor (a state dict or convert.SafetensorsDir); hf_config: its transformers config.
-        config_overrides (TransformerConfig fields, e.g. recompute_modules), grad_reduce_in_fp32 and compile_layers
-        (torch.compile of each transformer layer) are the knobs benchmarks/bench_megatron.py compares."""
+        train.megatron holds this backend's own settings (compile_layers, grad_reduce_in_fp32, log_probs_chunk_size)."""
         problems = convert.check_convertible(model)
         if problems:
             raise ValueError(problems[0])
@@ -59,7 +57,7 @@ class MegatronTrainBackend:
         self.max_response_len = max_response_len
         self.vocab = hf_config.vocab_size
         self.custom_loss = load_target(algorithm.custom_loss)
-        self.config = transformer_config(model, parallel, **(config_overrides or {}))
+        self.config = transformer_config(model, parallel)
         self.sdpa = sdpa
         gpt = self._new_gpt()
         if hf_weights is not None:  # None: keep megatron's random initialisation (benchmarks)
@@ -67,8 +65,9 @@ class MegatronTrainBackend:
         self.gpt = gpt
         self.config.finalize_model_grads_func = lambda chunks, num_tokens=None, **kw: finalize_model_grads(chunks, None, **kw)
         self.ddp = DistributedDataParallel(self.config, DistributedDataParallelConfig(
-            grad_reduce_in_fp32=grad_reduce_in_fp32, use_distributed_optimizer=parallel.use_distributed_optimizer), module=gpt)
-        if compile_layers:
+            grad_reduce_in_fp32=train.megatron.grad_reduce_in_fp32, use_distributed_optimizer=parallel.use_distributed_optimizer),
+            module=gpt)
+        if train.megatron.compile_layers:
             for layer in gpt.decoder.layers:
                 layer.compile()
         self.optimizer = self._optimizer(train.lr, train.weight_decay)
@@ -145,7 +144,8 @@ class MegatronTrainBackend:
     def _logp(self, mb: TrainBatch, logits: torch.Tensor, with_entropy: bool):
         T = mb.loss_mask.shape[1]
         targets = mb.input_ids[:, 1:].to(self.device)
-        return vocab_parallel_logprobs(logits[:, :T], targets, self.vocab, self.temperature, with_entropy)  # [n, T] x2
+        return vocab_parallel_logprobs(logits[:, :T], targets, self.vocab, self.temperature, with_entropy,
+                                       self.cfg.megatron.log_probs_chunk_size)  # [n, T] x2
 
     def _micro_batches(self, batch: TrainBatch, idx: torch.Tensor) -> list[TrainBatch]:
         return [batch.select(idx[s : s + self.cfg.micro_batch_size]) for s in range(0, len(idx), self.cfg.micro_batch_size)]
@@ -334,25 +334,10 @@ class MegatronTrainBackend:
         checkpoint.save(path, self.gpt, self.optimizer, self.ref, {"steps_done": self.steps_done})
 
     def load_checkpoint(self, path: str) -> None:
-        """Collective: the inverse of save_checkpoint, for this run's layout (any TP/PP/DP the checkpoint was written with)."""
+        """Collective: the inverse of save_checkpoint, into this run's layout (TP/PP may differ from the writer's; DP resharding
+        of the distributed optimizer is not verified: checkpoint.py)."""
         from slime_hydra.training.megatron import checkpoint
 
         if self.ref is None and (self.algo.use_kl_loss or self.algo.kl_coef != 0):
             self.ref = self._new_gpt().eval().requires_grad_(False)
         self.steps_done = checkpoint.load(path, self.gpt, self.optimizer, self.ref)["steps_done"]
-
-    def state_dict(self) -> dict:
-        if self.pcfg.use_distributed_optimizer:
-            raise NotImplementedError("parallelism.use_distributed_optimizer=true: the optimizer state is sharded; "
-                                      "use save_checkpoint (megatron's distributed checkpointing)")
-        state = {"optimizer": self.optimizer.state_dict(), "steps_done": self.steps_done}
-        if self.ref is not None:
-            state["ref_model"] = self.ref.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.steps_done = state["steps_done"]
-        if "ref_model" in state:
-            self.ref = self._new_gpt().eval().requires_grad_(False)
-            self.ref.load_state_dict(state["ref_model"])

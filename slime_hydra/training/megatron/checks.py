@@ -68,6 +68,14 @@ def check_megatron(cfg: RunConfig, problems: list[str]) -> None:
                             "parallelism.recompute_num_layers>=1")
     elif p.recompute_method is not None or p.recompute_num_layers is not None:
         problems.append("parallelism.recompute_method / recompute_num_layers apply only with parallelism.recompute_granularity=full")
+    if p.recompute_modules is not None:
+        allowed = {"core_attn", "mlp", "layernorm", "moe", "shared_experts"} | ({"mla_up_proj"} if m.multi_latent_attention else set())
+        if (p.recompute_granularity or ("selective" if p.recompute_activations else None)) != "selective":
+            problems.append("parallelism.recompute_modules applies only with parallelism.recompute_granularity=selective; "
+                            "set it or drop parallelism.recompute_modules")
+        if bad := [x for x in p.recompute_modules if x not in allowed]:
+            problems.append(f"parallelism.recompute_modules: {bad} not among {sorted(allowed)} (megatron's names)")
+    check_speed(cfg, problems)
     from slime_hydra.training.megatron.convert import check_convertible
 
     problems += check_convertible(m)
@@ -75,3 +83,33 @@ def check_megatron(cfg: RunConfig, problems: list[str]) -> None:
         from slime_hydra.models.hf_check import check_hf_config
 
         problems += check_hf_config(m, m.hf_checkpoint)
+
+
+def check_speed(cfg: RunConfig, problems: list[str]) -> None:
+    """train.megatron: the log-prob chunk size, and torch.compile only where Triton can compile (CUDA)."""
+    mg = cfg.train.megatron
+    if mg.log_probs_chunk_size != -1 and mg.log_probs_chunk_size < 1:
+        problems.append(f"train.megatron.log_probs_chunk_size={mg.log_probs_chunk_size} must be >= 1 (tokens per chunk) "
+                        "or -1 (one chunk)")
+    if mg.compile_layers:
+        device = cfg.cluster.device
+        if device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device != "cuda":
+            problems.append(f"train.megatron.compile_layers=true needs a CUDA device (cluster.device={cfg.cluster.device} "
+                            "runs on cpu here); set train.megatron.compile_layers=false or cluster.device=cuda")
+
+
+def check_unused(cfg: RunConfig, problems: list[str]) -> None:
+    """train.megatron.* set with another train.backend would be silently ignored: name them."""
+    import dataclasses
+
+    from slime_hydra.config.schema import MegatronConfig
+
+    changed = [f"train.megatron.{f.name}" for f in dataclasses.fields(MegatronConfig)
+               if getattr(cfg.train.megatron, f.name) != f.default]
+    if changed:
+        problems.append(f"{', '.join(changed)} apply only with train.backend=megatron (train.backend={cfg.train.backend}); "
+                        "drop them or set train.backend=megatron")

@@ -1,6 +1,7 @@
 """Per-token log-probs and entropy from vocab-parallel logits, chunked, without full fp32 logits.
 
-Each TP rank holds logits[..., V_pad/tp] in the model dtype. Per chunk of tokens the fp32
+Each TP rank holds logits[..., V_pad/tp] in the model dtype. Per chunk of `chunk_size` tokens
+(train.megatron.log_probs_chunk_size, slime's name; -1: all tokens in one chunk) the fp32
 softmax statistics are reduced over the TP group (max, sum of exp, target logit, sum p*z);
 each chunk runs under activation checkpointing, so the backward pass recomputes its fp32 work
 instead of keeping [tokens, V] fp32 tensors alive: peak extra memory is one chunk.
@@ -16,9 +17,6 @@ import torch
 from megatron.core import parallel_state as ps
 from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region as tp_sum
 from torch import Tensor
-
-CHUNK_ELEMENTS = 1 << 27  # fp32 elements per chunk (512 MiB)
-
 
 def _chunk(logits: Tensor, targets: Tensor, temperature: float, start: int, vocab: int) -> tuple[Tensor, Tensor]:
     z = logits.float() / temperature  # [n, Vl]
@@ -39,12 +37,12 @@ def _chunk(logits: Tensor, targets: Tensor, temperature: float, start: int, voca
 
 
 def vocab_parallel_logprobs(logits: Tensor, targets: Tensor, vocab: int, temperature: float = 1.0,
-                            with_entropy: bool = True) -> tuple[Tensor, Tensor]:
+                            with_entropy: bool = True, chunk_size: int = 1024) -> tuple[Tensor, Tensor]:
     """logits [b, s, V_pad/tp] (this rank's vocab shard), targets [b, s] -> (log-probs [b, s], entropy [b, s]) fp32."""
     b, s, vl = logits.shape
     start = ps.get_tensor_model_parallel_rank() * vl
     flat, tflat = logits.reshape(b * s, vl), targets.reshape(b * s)
-    n = max(1, CHUNK_ELEMENTS // vl)
+    n = b * s if chunk_size == -1 else chunk_size
     lps, ents = [], []
     for i in range(0, b * s, n):
         args = (flat[i : i + n], tflat[i : i + n], temperature, start, vocab)

@@ -28,10 +28,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class SDPAttention(DotProductAttention):
     """Core attention through F.scaled_dot_product_attention; [s, b, heads, dim] in, [s, b, hidden] out.
 
-    native_gqa: let SDPA broadcast the key/value groups (enable_gqa, torch >= 2.5) instead of copying
-    them per head with repeat_interleave (a benchmark knob until measured on the H200)."""
-
-    native_gqa = False
+    Grouped-query attention: SDPA broadcasts the key/value groups itself (enable_gqa, torch >= 2.5) rather
+    than a repeat_interleave copy per head: the same numbers (bit-equal on CPU, tests/test_megatron.py; on
+    the H200: benchmarks/bench_megatron.py --parts parity) and no [b, heads, s, dim] copies of k and v."""
 
     def __init__(self, *args, k_channels=None, v_channels=None, **kwargs):
         # MLA passes its q/k and v head dims (multi_latent_attention.py); megatron's own local
@@ -43,15 +42,9 @@ class SDPAttention(DotProductAttention):
                 packed_seq_params=None):
         assert packed_seq_params is None and attention_bias is None, "SDPAttention takes neither packed sequences nor a bias"
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, dim]
-        gqa = {}
-        if q.shape[1] != k.shape[1]:
-            if self.native_gqa:
-                gqa = {"enable_gqa": True}
-            else:
-                rep = q.shape[1] // k.shape[1]
-                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
-                                             dropout_p=self.config.attention_dropout if self.training else 0.0, **gqa)
+                                             dropout_p=self.config.attention_dropout if self.training else 0.0,
+                                             enable_gqa=q.shape[1] != k.shape[1])
         return out.permute(2, 0, 1, 3).reshape(out.shape[2], out.shape[0], -1)  # [s, b, heads*dim]
 
 
@@ -91,8 +84,7 @@ def padded_vocab_size(vocab: int, tp: int, multiple: int = 128) -> int:
     return -(-vocab // m) * m
 
 
-def transformer_config(m: ModelConfig, p: ParallelismConfig, **overrides) -> TransformerConfig:
-    """`overrides`: further TransformerConfig fields (benchmarks' knobs, e.g. recompute_modules)."""
+def transformer_config(m: ModelConfig, p: ParallelismConfig) -> TransformerConfig:
     dtype = DTYPES[m.dtype]
     granularity = p.recompute_granularity or ("selective" if p.recompute_activations else None)
     kw = dict(
@@ -107,6 +99,7 @@ def transformer_config(m: ModelConfig, p: ParallelismConfig, **overrides) -> Tra
         sequence_parallel=p.sequence_parallel, params_dtype=dtype, pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         recompute_granularity=granularity, recompute_method=p.recompute_method, recompute_num_layers=p.recompute_num_layers,
+        recompute_modules=list(p.recompute_modules) if p.recompute_modules is not None else None,
         # each micro-batch's loss is already divided by its step's denominator: sum, never average
         calculate_per_token_loss=True, variable_seq_lengths=True,
         # fused kernels of Apex / TE are absent: the plain torch paths
@@ -114,7 +107,6 @@ def transformer_config(m: ModelConfig, p: ParallelismConfig, **overrides) -> Tra
         persist_layer_norm=False, gradient_accumulation_fusion=False,
         moe_token_dispatcher_type="alltoall",  # dense: unused, but allgather refuses variable_seq_lengths
     )
-    kw |= overrides
     if m.num_experts:
         kw |= dict(num_moe_experts=m.num_experts, moe_ffn_hidden_size=m.moe_ffn_hidden_size, moe_router_topk=m.moe_router_topk,
                    moe_layer_freq=moe_layer_pattern(m.moe_layer_freq, m.num_layers),
