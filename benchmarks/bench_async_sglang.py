@@ -23,7 +23,8 @@ rollout's set-up), the engine's own log lines for weight load and CUDA graph cap
 rollout the loops' perf/* metrics (async also `perf/rollout_generate_s`, the generation that overlaps
 training), reward, response length, weight-version lag, and the GPU's utilisation sampled by nvidia-smi.
 
-Run (GPU machine): python3 -m benchmarks.bench_async_sglang --out $OUT        (`bench_sglang_gpu all --parts pair`)
+Figures (H200, 2026-12-01): docs/gpu_results.md, issue 8 (sync/async 1.33x; why not 1.5x on one GPU).
+Run (GPU machine): python3 -m benchmarks.bench_async_sglang --out $OUT [--lr 1e-3] (`bench_sglang_gpu all --parts pair`)
 CPU check of the same path: .venv/bin/python -m benchmarks.bench_async_sglang --smoke --rollouts 2
 """
 
@@ -65,7 +66,8 @@ SMOKE = ["rollout=sglang_cpu", "cluster.device=cpu", "rollout.rollout_batch_size
          "rollout.rollout_max_response_len=8", "train.num_steps_per_rollout=2", "train.micro_batch_size=4"]
 TASK = ["warmstart.steps=0", "eval=none", "logger=none", "logger.progress_bar=false",
         f"+reward.custom_rm._target_={__name__ if __name__ != '__main__' else 'benchmarks.bench_async_sglang'}.token_share",
-        "algorithm.use_rollout_logprobs=true", "train.lr=1e-4"]
+        "algorithm.use_rollout_logprobs=true"]
+LR = 2e-4  # bf16 weights (~0.02): Adam steps much below ~1e-4 round away in bf16
 KEYS = ["perf/step_time_s", "perf/rollout_time_s", "perf/rollout_generate_s", "perf/train_time_s", "perf/weight_sync_time_s",
         "perf/rollout_tokens_per_s", "rollout/reward_mean", "rollout/reward_std", "rollout/response_len_mean",
         "rollout/truncated_ratio", "rollout/weight_version_lag_mean", "rollout/weight_version_lag_max",
@@ -73,8 +75,8 @@ KEYS = ["perf/step_time_s", "perf/rollout_time_s", "perf/rollout_generate_s", "p
 ENGINE_LOG = ("=== ", "Load weight", "Capture cuda graph", "KV Cache is allocated", "fired up", "startup complete")
 
 
-def overrides(smoke: bool, mode: str, rollouts: int) -> list[str]:
-    return [*(SMOKE if smoke else GPU), *TASK, f"num_rollout={rollouts}", f"train_mode={mode}"]
+def overrides(smoke: bool, mode: str, rollouts: int, lr: float = LR) -> list[str]:
+    return [*(SMOKE if smoke else GPU), *TASK, f"train.lr={lr:g}", f"num_rollout={rollouts}", f"train_mode={mode}"]
 
 
 def log(msg: str) -> None:
@@ -188,9 +190,10 @@ def engine_log_lines(run_dir: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench_out/async_sglang")
-    ap.add_argument("--rollouts", type=int, default=8, help="rollouts per mode")
+    ap.add_argument("--rollouts", type=int, default=10, help="rollouts per mode")
     ap.add_argument("--order", default="sync,async", help="modes in the order they run, e.g. sync,async,async,sync")
     ap.add_argument("--deadline-s", type=float, default=1e9, help="start a mode only if the last mode's wall still fits")
+    ap.add_argument("--lr", type=float, default=LR, help="train.lr of every mode")
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny model, CPU engine flags (checks the path, not speed)")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -210,10 +213,10 @@ def main(argv: list[str] | None = None) -> dict:
     res["startup"]["imports_s"] = time.perf_counter() - t
     t = time.perf_counter()
     modes = args.order.split(",")
-    cfgs = {m: compose_run(overrides(args.smoke, m, args.rollouts)) for m in dict.fromkeys(modes)}
+    cfgs = {m: compose_run(overrides(args.smoke, m, args.rollouts, args.lr)) for m in dict.fromkeys(modes)}
     res["startup"]["compose_validate_s"] = time.perf_counter() - t
-    res["overrides"] = {m: overrides(args.smoke, m, args.rollouts) for m in cfgs}
-    log(f"composed {list(cfgs)}; " + " ".join(overrides(args.smoke, modes[0], args.rollouts)))
+    res["overrides"] = {m: overrides(args.smoke, m, args.rollouts, args.lr) for m in cfgs}
+    log(f"composed {list(cfgs)}; " + " ".join(res["overrides"][modes[0]]))
 
     timer = Timer()
     for name in ("build_tokenizer", "load_data", "build_eval_sets", "build_model", "build_trainer", "build_tracker", "build_rollout"):

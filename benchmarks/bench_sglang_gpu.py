@@ -43,7 +43,7 @@ MODEL = ["model=qwen3_0_6b", "rollout=sglang", "cluster.device=cuda", "+rollout.
 SHAPE = ["rollout.rollout_batch_size=32", "rollout.n_samples_per_prompt=8", "rollout.rollout_max_response_len=256",
          "train.micro_batch_size=32", "rollout.sglang_request_batch_size=32", "+rollout.sglang.disable_prefill_cuda_graph=true"]
 RUNS = {"grpo": ["num_rollout=3", "+rollout.sglang.enable_memory_saver=true", "rollout.check_weight_update_equal=true"]}
-PAIR_ROLLOUTS = 8  # sync/async (CLI) and pair: rollouts per mode
+PAIR_ROLLOUTS = 10  # sync/async (CLI) and pair: rollouts per mode
 # --smoke: the same code paths on CPU with the tiny model and the CPU engine flags (checks the script, not speed)
 SMOKE_MODEL = ["rollout=sglang_cpu", "cluster.device=cpu"]
 SMOKE_SHAPE = ["rollout.rollout_batch_size=4", "rollout.n_samples_per_prompt=2", "rollout.rollout_max_response_len=8",
