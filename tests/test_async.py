@@ -113,3 +113,19 @@ def test_killed_async_run_consumes_every_prompt_exactly_once(killed_and_resumed)
     order = PromptSource(prompts, 4, True, cfg.rollout.rollout_seed)._epoch_order(0)
     assert all(prompt == prompts[order[g]].prompt for g, prompt in groups)  # group g is the g-th prompt of the epoch
     assert len({p for _, p in groups}) == len(groups) == 10 * 8
+
+
+def test_async_rollout_rate_is_over_the_generation_time(killed_and_resumed):
+    """A rollout generated ahead leaves only a wait in the step (perf/rollout_time_s), so its rate is over the
+    worker's generation time: rate x perf/rollout_generate_s = the response tokens trained that rollout."""
+    import torch
+
+    work = killed_and_resumed
+    history = torch.load(work / "ref_ckpt" / "rollout_000009" / "state.pt", weights_only=False)["history"]
+    tokens = {}
+    for f in sorted((work / "ref_rollouts").glob("*.jsonl")):
+        rows = [json.loads(line) for line in f.read_text().splitlines()]
+        tokens[int(f.stem.split("_")[1]) + 1] = sum(r["response_length"] for r in rows if r["kept"])
+    assert sorted(step for step, _ in history) == sorted(tokens) == list(range(1, 11))
+    for step, m in history:
+        assert m["perf/rollout_tokens_per_s"] * m["perf/rollout_generate_s"] == pytest.approx(tokens[step], rel=1e-6)

@@ -57,6 +57,9 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
             t4 = time.perf_counter()
             metrics |= rollout_metrics(samples, n) | got.metrics | weight_lag_metrics(samples, rollout_id) | c.scorer.metrics()
             metrics |= perf_metrics(samples, t0, t1, t2, t3, t4) | {"perf/rollout_wait_s": t1 - t0}
+            # generated ahead, so t1 - t0 is only the wait: the rate is over the worker's own generation time
+            generate_s = got.metrics.get("perf/rollout_generate_s", t1 - t0)
+            metrics["perf/rollout_tokens_per_s"] = sum(s.response_length for s in samples) / max(generate_s, 1e-9)
             if cfg.save_debug_rollout_data:
                 write_rollout_data(cfg.save_debug_rollout_data, rollout_id, got)
             if due(step, cfg.eval.eval_interval, cfg.num_rollout) and c.eval_sets:  # eval, on the latest weights
