@@ -52,6 +52,33 @@ def test_logprobs_match_transformers(single):
     assert (res["before"][mask] - ref[mask]).abs().max() < 1e-4
 
 
+def test_log_prob_chunks_are_exact(single):
+    """train.megatron.log_probs_chunk_size changes memory, not numbers: chunks of 3 tokens == one chunk, values and grads."""
+    from slime_hydra.training.megatron.logprobs import vocab_parallel_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 7, 64, generator=g)
+    targets = torch.randint(0, 60, (2, 7), generator=g)
+    out = []
+    for chunk in (3, -1):
+        x = logits.clone().requires_grad_(True)
+        lp, ent = vocab_parallel_logprobs(x, targets, 60, 0.7, True, chunk)  # vocab 60 of 64 columns: padding masked
+        (lp.sum() + ent.sum()).backward()
+        out.append((lp, ent, x.grad))
+    for a, b in zip(*out):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0)
+
+
+def test_native_gqa_equals_repeated_heads_on_cpu():
+    """SDPAttention lets SDPA broadcast the k/v groups (enable_gqa): bit-equal to the repeat_interleave copy."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 8, 9, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), is_causal=True))
+
+
 def test_hf_megatron_hf_round_trip_is_exact(single):
     from transformers import AutoModelForCausalLM
 

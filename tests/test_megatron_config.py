@@ -97,3 +97,21 @@ def test_parallel_layout_errors_name_the_keys():
     assert "tensor_model_parallel_size=3 must divide model.num_attention_heads=4" in text
     assert "pipeline_model_parallel_size=3 must divide model.num_layers=4" in text
     assert "context_parallel_size=2" in text and "recompute_method=uniform|block" in text
+
+
+def test_megatron_speed_keys_are_validated_naming_the_keys():
+    with pytest.raises(ConfigError) as e:  # this machine has no CUDA device: compile cannot work here
+        compose_run(["train=megatron", "train.megatron.compile_layers=true", "train.megatron.log_probs_chunk_size=0",
+                     "parallelism.recompute_modules=[mlp,attn]"])
+    msg = str(e.value)
+    assert "train.megatron.compile_layers=true needs a CUDA device" in msg and "cluster.device=cuda" in msg
+    assert "train.megatron.log_probs_chunk_size=0 must be >= 1" in msg
+    assert "parallelism.recompute_modules applies only with parallelism.recompute_granularity=selective" in msg
+    assert "['attn'] not among" in msg
+    with pytest.raises(ConfigError) as e:  # set with the torch backend they would be ignored
+        compose_run(["train.megatron.grad_reduce_in_fp32=false"])
+    assert "train.megatron.grad_reduce_in_fp32 apply only with train.backend=megatron" in str(e.value)
+    cfg = compose_run(["train=megatron", "cluster.device=cuda", "train.megatron.compile_layers=true",
+                       "parallelism.recompute_granularity=selective", "parallelism.recompute_modules=[mlp]",
+                       "train.megatron.log_probs_chunk_size=-1"])  # validation touches no GPU: fine on CPU
+    assert cfg.train.megatron.compile_layers and cfg.parallelism.recompute_modules == ["mlp"]
