@@ -163,8 +163,12 @@ class TrainGroup:
         return ray.get([r.call.remote(name, *args) for r in self.ranks])[0]
 
     def __getattr__(self, name: str):
-        """Other trainer methods (freeze_reference, end_warm_start, ...) run on every rank; rank 0 answers."""
-        if name.startswith("_") or name in ("ranks", "num_steps"):
+        """Other trainer methods (freeze_reference, end_warm_start, ...) run on every rank; rank 0 answers. Only
+        methods the ranks' DataParallelTorchBackend has: a structural check such as isinstance(group,
+        DistCheckpointing) must see the group as what its ranks are."""
+        from slime_hydra.training.distributed import DataParallelTorchBackend
+
+        if name.startswith("_") or name in ("ranks", "num_steps") or not callable(getattr(DataParallelTorchBackend, name, None)):
             raise AttributeError(name)
         return lambda *args: self._all(name, *args)
 
