@@ -25,6 +25,26 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
+_MLFLOW_TEMPLATE: list[Path] = []
+
+
+def mlflow_db(path: Path) -> str:
+    """A real, empty MLflow sqlite store at `path`; returns its tracking URI. The store's schema migrations
+    (~4 s) run once per session into a template that each call copies."""
+    import shutil
+    import tempfile
+
+    if not _MLFLOW_TEMPLATE:
+        from mlflow.tracking import MlflowClient
+
+        template = Path(tempfile.mkdtemp(prefix="mlflow_template_")) / "mlflow.db"
+        MlflowClient(f"sqlite:///{template}").search_experiments()  # creates the tables
+        _MLFLOW_TEMPLATE.append(template)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(_MLFLOW_TEMPLATE[0], path)
+    return f"sqlite:///{path}"
+
+
 def run_cli(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     """`python -m slime_hydra ARGS` in `cwd`, as a user would run it."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -10,7 +10,7 @@ import torch
 
 from slime_hydra.config.preflight import compose_run
 from slime_hydra.engine.session import run_session
-from tests.conftest import FAST, run_cli
+from tests.conftest import FAST, mlflow_db, run_cli
 
 PERF = "perf/"
 
@@ -19,7 +19,7 @@ PERF = "perf/"
 def learned_run(tmp_path_factory):
     """A short version of the embedded default through the real CLI, tracked in a sqlite MLflow store."""
     work = tmp_path_factory.mktemp("e2e")
-    db = f"sqlite:///{work}/mlflow.db"
+    db = mlflow_db(work / "mlflow.db")
     args = ["logger.progress_bar=false", "num_rollout=40", "eval.eval_interval=20",
             f"logger.tracking_uri={db}", f"hydra.run.dir={work}/run", "save_interval=20"]
     proc = run_cli(args, work)

@@ -11,7 +11,7 @@ from slime_hydra.config.preflight import compose_run
 from slime_hydra.config.schema import ClusterConfig
 from slime_hydra.errors import ConfigError
 from slime_hydra.orchestration.placement import layout_problems, plan_layout
-from tests.conftest import FAST, run_cli
+from tests.conftest import FAST, mlflow_db, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,7 @@ def test_ray_backend_run_matches_in_process_run(ray_cluster, tmp_path):
 
     from slime_hydra.engine.session import run_session
 
-    db = f"sqlite:///{tmp_path}/mlflow.db"
+    db = mlflow_db(tmp_path / "mlflow.db")
     common = FAST + ["num_rollout=2", "save_interval=2", f"logger.tracking_uri={db}"]
     run_session(compose_run(common), str(tmp_path / "local"), common)
     ray_args = common + ["cluster.backend=ray", "cluster.actor_num_gpus_per_node=2", "cluster.rollout_num_gpus=1"]

@@ -194,9 +194,9 @@ def test_multi_task_eval_logs_both_datasets_and_writes_samples(tmp_path):
 
     from slime_hydra.config.store import asset_path
     from slime_hydra.engine.session import run_session
-    from tests.conftest import FAST
+    from tests.conftest import FAST, mlflow_db
 
-    db = f"sqlite:///{tmp_path}/m.db"
+    db = mlflow_db(tmp_path / "m.db")
     sub = f"{{path:'{asset_path('subtraction/test.jsonl')}',n_samples_per_eval_prompt:4,eval_temperature:1.0,eval_top_k:-1}}"
     cfg = compose_run(FAST + ["num_rollout=2", f"logger.tracking_uri={db}", f"+eval.eval_prompt_data.subtraction={sub}"])
     assert cfg.eval.eval_prompt_data["subtraction"]["n_samples_per_eval_prompt"] == 4

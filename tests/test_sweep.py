@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import tempfile
 
 import pytest
 
-from tests.conftest import FAST, run_cli
+from tests.conftest import FAST, mlflow_db, run_cli
 
 
-def test_ray_launcher_sweep_logs_parent_and_children(workdir, monkeypatch):
+def test_ray_launcher_sweep_logs_parent_and_children(workdir, ray_head):
+    """4 jobs, 2 at a time, through the Hydra Ray launcher on the session's `ray start --head` cluster (2 CPUs)."""
     from mlflow.tracking import MlflowClient
 
-    monkeypatch.setenv("RAY_TMPDIR", tempfile.mkdtemp(prefix="r", dir="/tmp"))  # AF_UNIX paths must stay short
-    db = f"sqlite:///{workdir}/mlflow.db"
-    args = ["-m", "hydra/launcher=ray", "+hydra.launcher.ray.init.num_cpus=2", "+hydra.launcher.ray.init.include_dashboard=false",
+    db = mlflow_db(workdir / "mlflow.db")
+    args = ["-m", "hydra/launcher=ray", f"hydra.launcher.ray.init.address={ray_head.gcs_address}",
+            "+hydra.launcher.ray.init.object_store_memory=null",  # the launcher's CI default is refused by an existing cluster
             "+hydra.launcher.ray.remote.num_cpus=1", f"hydra.sweep.dir={workdir}/sweep", *FAST, "num_rollout=2",
             f"logger.tracking_uri={db}", "seed=1,2", "algorithm=grpo,dr_grpo"]
     proc = run_cli(args, workdir, timeout=900)
@@ -50,7 +50,7 @@ def test_optuna_sweep_over_lr(launcher, workdir, request):
     import yaml
     from mlflow.tracking import MlflowClient
 
-    db = f"sqlite:///{workdir}/mlflow.db"
+    db = mlflow_db(workdir / "mlflow.db")
     sweep = workdir / "optuna"
     trials = 3
     args = ["-m", "hydra/sweeper=optuna_maximize", f"hydra.sweeper.n_trials={trials}", "hydra.sweeper.sampler.seed=0",
