@@ -41,7 +41,7 @@ ROWS = [  # (backend, model option, micro-batch, global batch, overrides); torch
     ("torch", "qwen3_4b", 4, 8, ("recompute",)),
     ("megatron", "qwen3_4b", 2, 8, BEST),
 ]
-VARIANTS = [  # megatron, qwen3_4b, global batch 8: (micro-batch, overrides)
+VARIANTS = [  # megatron, qwen3_4b, global batch --global-batch-4b: (micro-batch, overrides)
     (2, EAGER),  # the compile parity partner of the 4B default row
     (2, BEST + ("train.megatron.log_probs_chunk_size=4096",)),
     (4, BEST + ("parallelism.recompute_granularity=selective", "parallelism.recompute_modules=[mlp]")),
@@ -168,16 +168,19 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--only", default="", help="comma-separated backend:model filters of the default rows, e.g. "
                     "megatron:qwen3_4b; 'none' keeps only --variants")
-    ap.add_argument("--variants", default="", help="comma-separated indices into VARIANTS (4B, global batch 8) or 'all'")
+    ap.add_argument("--variants", default="", help="comma-separated indices into VARIANTS (4B, --global-batch-4b) or 'all'")
+    ap.add_argument("--global-batch-4b", type=int, default=8, help="sequences per optimizer step of the 4B rows and "
+                    "variants (the micro-batch stays; more sequences spread the step's fixed cost: optimizer, grad reduce)")
     ap.add_argument("--out", default="bench_out/bench_megatron.json")
     args = ap.parse_args()
     from slime_hydra.config.store import register
 
     register()
     keep = set(filter(None, args.only.split(",")))
-    jobs = [r for r in ROWS if not keep or f"{r[0]}:{r[1]}" in keep]
+    gbs_4b = args.global_batch_4b
+    jobs = [(b, o, mbs, gbs_4b if o == "qwen3_4b" else gbs, over) for b, o, mbs, gbs, over in ROWS if not keep or f"{b}:{o}" in keep]
     picked = range(len(VARIANTS)) if args.variants == "all" else [int(i) for i in filter(None, args.variants.split(","))]
-    jobs += [("megatron", "qwen3_4b", VARIANTS[i][0], 8, VARIANTS[i][1]) for i in picked]
+    jobs += [("megatron", "qwen3_4b", VARIANTS[i][0], gbs_4b, VARIANTS[i][1]) for i in picked]
     rows = []
     for backend, option, mbs, gbs, over in jobs:
         try:
