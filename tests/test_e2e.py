@@ -20,8 +20,8 @@ def learned_run(tmp_path_factory):
     """A short version of the embedded default through the real CLI, tracked in a sqlite MLflow store."""
     work = tmp_path_factory.mktemp("e2e")
     db = mlflow_db(work / "mlflow.db")
-    args = ["logger.progress_bar=false", "num_rollout=40", "eval.eval_interval=20",
-            f"logger.tracking_uri={db}", f"hydra.run.dir={work}/run", "save_interval=20"]
+    args = ["logger.progress_bar=false", "num_rollout=100", "eval.eval_interval=50",
+            f"logger.tracking_uri={db}", f"hydra.run.dir={work}/run", "save_interval=50"]
     proc = run_cli(args, work)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return work, db, proc
@@ -31,7 +31,7 @@ def test_short_run_raises_reward_and_accuracy(learned_run):
     work, _, proc = learned_run
     summary = json.loads((work / "run" / "summary.json").read_text())
     acc = summary["eval/addition/accuracy"]
-    assert acc["count"] == 3  # before the first rollout, after 20 and after 40
+    assert acc["count"] == 3  # before the first rollout, after 50 and after 100
     assert acc["last"] >= acc["first"] + 0.1, acc
     assert "eval/addition/accuracy" in proc.stdout  # the summary table
 
@@ -43,9 +43,9 @@ def test_weights_changed_and_checkpoint_loads_with_from_pretrained(learned_run):
 
     work, _, _ = learned_run
     root = work / "run" / "checkpoints"
-    assert (root / "latest").read_text().strip() == "rollout_000039"
-    assert sorted(p.name for p in root.iterdir()) == ["latest", "rollout_000019", "rollout_000039"]
-    ckpt = root / "rollout_000039"
+    assert (root / "latest").read_text().strip() == "rollout_000099"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "rollout_000049", "rollout_000099"]
+    ckpt = root / "rollout_000099"
     trained = AutoModelForCausalLM.from_pretrained(ckpt)
     tok = AutoTokenizer.from_pretrained(ckpt)
     assert tok("12+34=")["input_ids"] == build_tokenizer(compose_run([]).model)("12+34=")["input_ids"]
@@ -69,10 +69,10 @@ def test_mlflow_run_has_params_metrics_tags_artifacts(learned_run):
                 "perf/tokens_per_s"):
         assert key in run.data.metrics, key
     history = client.get_metric_history(run.info.run_id, "rollout/reward_mean")
-    assert sorted(m.step for m in history) == list(range(1, 41))
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/addition/accuracy")] == [0, 20, 40]
-    assert run.data.tags["experiment_name"] == "grpo/qwen3-tiny-addition-cpu-local-torch-v2"
-    assert "num_rollout=40" in run.data.tags["overrides"] and len(run.data.tags["git_sha"]) >= 7
+    assert sorted(m.step for m in history) == list(range(1, 101))
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/addition/accuracy")] == [0, 50, 100]
+    assert run.data.tags["experiment_name"] == "grpo/qwen3-tiny-addition-cpu-local-torch-v3"
+    assert "num_rollout=100" in run.data.tags["overrides"] and len(run.data.tags["git_sha"]) >= 7
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"composed_config.yaml", "reward_curve.png", "summary.json"} <= artifacts
 

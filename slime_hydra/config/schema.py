@@ -43,6 +43,10 @@ class ModelConfig:
     # transformers attention kernel: sdpa (fused; the GPU default) | eager (plain matmuls: faster for
     # the tiny CPU model's ~12-token sequences)
     attn_implementation: str = "sdpa"
+    # whose forward runs the model in the torch trainer and the local rollout (SGLang's --model-impl idea):
+    # transformers (the HF modules) | native (models/native.py over the same parameters: packed, padding-free
+    # tokens; dense qwen3/llama only; exact to float rounding)
+    model_impl: str = "transformers"
     # -- read by the megatron backend (slime's MODEL_ARGS; the torch backend builds only dense qwen3/llama) --
     normalization: str = "RMSNorm"  # RMSNorm | LayerNorm
     swiglu: bool = True

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 from pathlib import Path
 from typing import Any, Optional
 
@@ -27,6 +28,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "logger.tracker": ("mlflow", "tensorboard", "none"),
     "model.dtype": ("float32", "bfloat16", "float16", "float64"),  # float64: exactness tests on CPU
     "model.attn_implementation": ("sdpa", "eager"),
+    "model.model_impl": ("transformers", "native"),
     "reward.rm_on_failure": ("zero", "raise"),
     "cluster.device": ("auto", "cpu", "cuda"),
     "model.tokenizer": ("char", "char_tools"),
@@ -112,6 +114,7 @@ def check_values(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
     from slime_hydra.training.megatron.checks import check_megatron, check_model, check_unused  # no megatron import
 
     check_model(cfg, problems)
+    check_model_impl(cfg, problems)
     if cfg.train.backend == "megatron":
         check_megatron(cfg, problems)
     else:
@@ -120,6 +123,44 @@ def check_values(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
         p = cfg.parallelism
         if (p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size, p.expert_model_parallel_size) != (1, 1, 1, 1):
             problems.append("parallelism sizes other than 1 need the megatron backend; set parallelism=single or train.backend=megatron")
+
+
+NATIVE_MODEL_TYPES = ("qwen3", "llama")  # models/native.py: dense blocks, default rope, no biases
+
+
+def check_model_impl(cfg: RunConfig, problems: list[str]) -> None:
+    """model.model_impl=native runs only what models/native.py implements; read from config.json when
+    model.hf_checkpoint is set (JSON only), else from model.architecture."""
+    m = cfg.model
+    if m.model_impl != "native":
+        return
+    config = {"model_type": m.architecture, "use_rope_scaling": m.use_rope_scaling, "add_qkv_bias": m.add_qkv_bias,
+              "num_experts": m.num_experts, "swiglu": m.swiglu, "normalization": m.normalization}
+    source = "the model group's fields"
+    if m.hf_checkpoint:
+        path = Path(m.hf_checkpoint) / "config.json"
+        if not path.is_file():
+            return  # the checkpoint's own check reports it
+        config, source = json.loads(path.read_text()), str(path)
+    why = []
+    if config.get("model_type") not in NATIVE_MODEL_TYPES:
+        why.append(f"model_type {config.get('model_type')!r} (native runs {', '.join(NATIVE_MODEL_TYPES)})")
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        why.append(f"rope_type {rope.get('rope_type', rope.get('type'))!r} (native runs default rope)")
+    if config.get("hidden_act", "silu") != "silu":
+        why.append(f"hidden_act {config['hidden_act']!r} (native runs silu)")
+    why += [f"{flag}=true" for flag in ("attention_bias", "mlp_bias", "use_sliding_window", "use_rope_scaling", "add_qkv_bias")
+            if config.get(flag)]
+    if config.get("num_experts"):
+        why.append("MoE (num_experts set)")
+    if not config.get("swiglu", True) or config.get("normalization", "RMSNorm") != "RMSNorm":
+        why.append("not an RMSNorm + SwiGLU block")
+    if config.get("pretraining_tp", 1) != 1:
+        why.append("pretraining_tp != 1")
+    if why:
+        problems.append(f"model.model_impl=native cannot run this model ({source}: {'; '.join(why)}); "
+                        "set model.model_impl=transformers")
 
 
 GROUP_BASELINE = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")  # estimators that centre rewards per prompt

@@ -96,7 +96,7 @@ def build_trainer(cfg: RunConfig, model: torch.nn.Module, device: torch.device) 
     from slime_hydra.training.torch_backend import TorchTrainBackend
 
     return TorchTrainBackend(model, cfg.algorithm, cfg.train, cfg.rollout.rollout_temperature, total_steps, device,
-                             max_response_len=cfg.rollout.rollout_max_response_len)
+                             max_response_len=cfg.rollout.rollout_max_response_len, model_impl=cfg.model.model_impl)
 
 
 def build_rollout(cfg: RunConfig, model: torch.nn.Module, tokenizer, output_dir: str = ".") -> RolloutBackend:
@@ -111,7 +111,8 @@ def build_rollout(cfg: RunConfig, model: torch.nn.Module, tokenizer, output_dir:
                              offload=offload, device=pick_device(c.device).type)
     from slime_hydra.rollout.local import LocalRollout
 
-    return LocalRollout(model, tokenizer, seed=cfg.seed, generation_batch_size=cfg.rollout.generation_batch_size)
+    return LocalRollout(model, tokenizer, seed=cfg.seed, generation_batch_size=cfg.rollout.generation_batch_size,
+                        model_impl=cfg.model.model_impl)
 
 
 def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) -> Components:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from slime_hydra.aio import run_sync
 from slime_hydra.data.buffer import DataBuffer, Group, is_done
 from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.rollout.base import RolloutBackend
@@ -42,7 +43,7 @@ class Collected:
 
 def collect_rollout(rollout: RolloutBackend, buffer: DataBuffer, scorer: RewardScorer, sampling: SamplingParams,
                     plan: RolloutPlan) -> Collected:
-    return asyncio.run(_collect(rollout, buffer, scorer, sampling, plan))
+    return run_sync(_collect(rollout, buffer, scorer, sampling, plan))
 
 
 async def _collect(rollout, buffer: DataBuffer, scorer: RewardScorer, sampling: SamplingParams, plan: RolloutPlan) -> Collected:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import time
@@ -12,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from slime_hydra.aio import run_sync
 from slime_hydra.agent.metrics import agent_metrics
 from slime_hydra.algorithms.advantages import compute_advantages, ppo_advantages
 from slime_hydra.config.plugins import load_target
@@ -97,7 +97,7 @@ def evaluate(rollout: RolloutBackend, eval_sets: dict[str, EvalSet], step: int,
         t0 = time.perf_counter()
         n = es.n_samples
         samples = [s for i, p in enumerate(es.prompts) for s in prompt_group(p, i, n)]
-        asyncio.run(rollout.generate(samples, es.sampling))
+        run_sync(rollout.generate(samples, es.sampling))
         es.scorer.score(samples)
         correct = [sum(s.reward > 0 for s in samples[i * n:(i + 1) * n]) for i in range(len(es.prompts))]
         metrics[f"eval/{name}/accuracy"] = sum(s.reward for s in samples) / len(samples)

@@ -13,11 +13,11 @@ on the same bundles), and rewards inside the manager (the driver scores, as in o
 
 from __future__ import annotations
 
-import asyncio
 from typing import Optional
 
 import ray
 
+from slime_hydra.aio import run_sync
 from slime_hydra.config.schema import ModelConfig, RolloutConfig
 from slime_hydra.orchestration.placement import Layout, on_bundle
 from slime_hydra.types import Sample, SamplingParams
@@ -35,10 +35,11 @@ class RolloutEngine:
         torch.set_num_threads(num_threads or 1)
         tok = build_tokenizer(model)
         net = build_model(model, tok, seed).to("cuda" if use_gpu else "cpu")
-        self.engine = LocalRollout(net, tok, seed=seed, generation_batch_size=generation_batch_size)
+        self.engine = LocalRollout(net, tok, seed=seed, generation_batch_size=generation_batch_size,
+                                   model_impl=model.model_impl)
 
     def generate(self, samples: list[Sample], sampling: SamplingParams) -> list[Sample]:
-        return asyncio.run(self.engine.generate(samples, sampling))
+        return run_sync(self.engine.generate(samples, sampling))
 
     def update_weights(self, named_tensors, version: int) -> None:
         self.engine.update_weights(named_tensors, version)

@@ -68,7 +68,7 @@ class TrainRank:
         seed_everything(seed)
         net = build_model(model, build_tokenizer(model), seed)  # same seed: same initial weights on every rank
         self.trainer = DataParallelTorchBackend(net, algorithm, train, temperature, total_steps, self.device,
-                                                max_response_len=max_response_len)
+                                                max_response_len=max_response_len, model_impl=model.model_impl)
 
     def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
         t0 = time.perf_counter()

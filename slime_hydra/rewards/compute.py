@@ -11,6 +11,7 @@ import inspect
 import time
 from typing import Any, Optional
 
+from slime_hydra.aio import run_sync
 from slime_hydra.config.schema import RewardConfig
 from slime_hydra.errors import UserError
 from slime_hydra.rewards.remote import RemoteRewardModel
@@ -48,7 +49,7 @@ class RewardScorer:
         self.time_s = 0.0
 
     def score(self, samples: list[Sample]) -> None:
-        asyncio.run(self.score_async(samples))
+        run_sync(self.score_async(samples))
 
     async def score_async(self, samples: list[Sample]) -> None:
         """`score` from inside a running event loop (the rollout collector scores groups as they finish)."""

@@ -3,7 +3,8 @@
 The rollout holds its own weights, as an inference engine does, and sees the trainer's weights
 only through `update_weights`; each sample records the weight version that generated it.
 Left out on purpose: continuous batching and a radix prefix cache (that is what SGLang is for); a
-rollout's identical contexts (a prompt's group) are prefilled once.
+rollout's identical contexts (a prompt's group) are prefilled once. The forward passes themselves are
+rollout/decoders.py's (model.model_impl).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Iterable
 
 import torch
 
+from slime_hydra.rollout.decoders import Decoder, PackedDecoder, TransformersDecoder
 from slime_hydra.rollout.sampling import sample_tokens
 from slime_hydra.types import Sample, SamplingParams, Status
 
@@ -21,8 +23,10 @@ from slime_hydra.types import Sample, SamplingParams, Status
 class LocalRollout:
     cooperative = True  # generate() yields to the event loop after every decode step
 
-    def __init__(self, model: torch.nn.Module, tokenizer, seed: int, generation_batch_size: int = 256):
+    def __init__(self, model: torch.nn.Module, tokenizer, seed: int, generation_batch_size: int = 256,
+                 model_impl: str = "transformers"):
         self.model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.model_impl = model_impl  # transformers | native (rollout/decoders.py)
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id
         self.generation_batch_size = generation_batch_size
@@ -47,28 +51,14 @@ class LocalRollout:
         self._aborted = True
 
     async def _decode(self, samples: list[Sample], sp: SamplingParams) -> None:
-        from transformers import DynamicCache
-
         B = len(samples)
         # a partial sample's context is prompt + response so far; a group's samples share one context,
         # so each distinct context is prefilled once and its KV cache repeated to its rows
         distinct: dict[tuple[int, ...], int] = {}
         inv = [distinct.setdefault(tuple(s.tokens or s.prompt_tokens), len(distinct)) for s in samples]
-        L = max(len(c) for c in distinct)
-        ids = torch.full((len(distinct), L), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(distinct), L), dtype=torch.long)
-        for i, ctx in enumerate(distinct):  # left padding
-            ids[i, L - len(ctx) :] = torch.tensor(ctx)
-            attn[i, L - len(ctx) :] = 1
         budget = torch.tensor([sp.max_new_tokens - s.response_length for s in samples], device=self.device)  # [B]
-        ids, attn = ids.to(self.device), attn.to(self.device)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [U, L]
-        cache = DynamicCache(config=self.model.config)
-        logits = self._forward(ids, attn, pos, cache)
-        if len(distinct) < B:
-            rows = torch.tensor(inv, device=self.device)
-            cache.batch_select_indices(rows)
-            logits, attn, pos = logits[rows], attn[rows], pos[rows]  # [B, V], [B, L], [B, L]
+        decoder = self._decoder()
+        logits = decoder.prefill(list(distinct), inv, max(int(budget.max().item()), 1))  # [B, V]
         stop_ids = torch.tensor(sorted(set(sp.stop_token_ids)), dtype=torch.long, device=self.device)
         finished = budget <= 0
         out_tokens, out_logps = [], []
@@ -91,18 +81,14 @@ class LocalRollout:
             await asyncio.sleep(0)
             if self._aborted:
                 break
-            attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=self.device)], dim=1)
-            pos = pos[:, -1:] + 1
-            logits = self._forward(tok[:, None], attn, pos, cache)
+            logits = decoder.step(tok, ~finished)
         if out_tokens and not bool(finished.all()):  # aborted: keep what each unfinished sample has
             toks, logps = torch.stack(out_tokens, 1).cpu(), torch.stack(out_logps, 1).float().cpu()  # [B, R]
             for i in (~finished).nonzero().flatten().tolist():
                 self._finish(samples[i], toks[i].tolist(), logps[i].tolist(), sp, True)
 
-    @torch.no_grad()  # per call, not around an await: grad mode is per thread, and coroutines interleave
-    def _forward(self, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache) -> torch.Tensor:
-        """[B, V] next-token logits; the cache grows by the new positions."""
-        return self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True).logits[:, -1]
+    def _decoder(self) -> Decoder:
+        return PackedDecoder(self.model) if self.model_impl == "native" else TransformersDecoder(self.model, self.pad_id)
 
     def _gen_for(self, logits: torch.Tensor):
         return self.generator if logits.device.type == "cpu" else None

@@ -26,18 +26,21 @@ from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.training.base import TrainBatch, shaping_kl
 from slime_hydra.training.critic import TorchCritic
 from slime_hydra.training.policy_loss import old_log_probs, policy_loss
+from slime_hydra.training.packed import packed_logits
 from slime_hydra.training.prefix import shared_prefix_logits
 from slime_hydra.training.schedule import lr_multiplier
 
 
 class TorchTrainBackend:
     def __init__(self, model: torch.nn.Module, algorithm: AlgorithmConfig, train: TrainConfig,
-                 temperature: float, total_steps: int, device: torch.device, max_response_len: Optional[int] = None):
+                 temperature: float, total_steps: int, device: torch.device, max_response_len: Optional[int] = None,
+                 model_impl: str = "transformers"):
         self.model = model.to(device).train()
         self.device = device
         self.algo = algorithm
         self.cfg = train
         self.temperature = temperature
+        self.model_impl = model_impl  # transformers | native (training/packed.py)
         self.max_response_len = max_response_len  # the constant normalizer of seq_mean_token_sum_norm
         if algorithm.loss_aggregation == "seq_mean_token_sum_norm" and not max_response_len:
             raise ValueError("algorithm.loss_aggregation=seq_mean_token_sum_norm needs TorchTrainBackend(max_response_len="
@@ -70,6 +73,8 @@ class TorchTrainBackend:
     def _logits(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
         """[n, T, V]; exact on the loss mask (train.prefix_sharing runs each distinct prompt once)."""
         ids, attn = mb.input_ids.to(self.device), mb.attention_mask.to(self.device)
+        if self.model_impl == "native":
+            return packed_logits(model, ids, attn, mb.loss_mask.to(self.device), share_prefix=self.cfg.prefix_sharing)
         if self.cfg.prefix_sharing:
             return shared_prefix_logits(model, ids, attn, mb.loss_mask.to(self.device))
         return model(input_ids=ids, attention_mask=attn).logits[:, :-1]

@@ -1,0 +1,64 @@
+"""Training logits over packed tokens (`model.model_impl=native`): no padding, each prompt once.
+
+The same contract as `prefix.shared_prefix_logits`: [n, T, V] logits equal to
+`model(ids, attn).logits[:, :-1]` wherever the loss mask is on (0 elsewhere), with autograd to the
+model's parameters. The tokens that run are each distinct prefix once (with `share_prefix`: a row's
+tokens up to its first trained position, i.e. the GRPO group's prompt) and each row's remaining
+input tokens; no padding token passes a linear layer. Without `share_prefix` every row is its own
+prefix (still padding-free). Rows that share a prefix by token identity only: multi-turn rows whose
+trained tokens start elsewhere stay exact.
+Shapes: ids/attention [n, T+1] right-padded (training/batch.py), loss mask [n, T].
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from slime_hydra.models.native import lm_head, packed_forward, pad_row, segment_attention, segments
+from slime_hydra.training.prefix import split_points
+
+
+def packed_logits(model, ids: Tensor, attn: Tensor, loss_mask: Tensor, share_prefix: bool = True) -> Tensor:
+    n, t1 = ids.shape
+    rows, lengths = ids.tolist(), attn.sum(-1).tolist()
+    # a row's prefix ends at its first trained position (share_prefix) or at its last input token
+    ends = split_points(loss_mask).tolist() if share_prefix else [max(length - 2, 0) for length in lengths]
+    tokens: list[int] = []
+    positions: list[int] = []
+    queries: list[list[int]] = []
+    keys: list[list[int]] = []
+    prefix_start: dict[tuple[int, ...], int] = {}
+    row_prefix: list[tuple[int, int]] = []  # (start, length) of each row's prefix in the packed tokens
+    for row, end in zip(rows, ends):
+        key = tuple(row[: end + 1])
+        if key not in prefix_start:
+            prefix_start[key] = len(tokens)
+            span = list(range(len(tokens), len(tokens) + len(key)))
+            tokens += key
+            positions += range(len(key))
+            queries.append(span)
+            keys.append(span)
+        row_prefix.append((prefix_start[key], len(key)))
+    suffix_start = []
+    for row, end, length, (p0, plen) in zip(rows, ends, lengths, row_prefix):
+        suffix = row[end + 1 : length - 1]  # the last token predicts nothing
+        suffix_start.append(len(tokens))
+        if suffix:
+            span = list(range(len(tokens), len(tokens) + len(suffix)))
+            tokens += suffix
+            positions += range(end + 1, end + 1 + len(suffix))
+            queries.append(span)
+            keys.append(list(range(p0, p0 + plen)) + span)
+    seg = segments(queries, keys, positions, ids.device)
+    hidden = packed_forward(model, torch.tensor(tokens, device=ids.device), torch.tensor(positions, device=ids.device),
+                            attend=lambda _layer, q, k, v: segment_attention(q, pad_row(k), pad_row(v), seg))
+    # [n, T] packed token whose logits predict each trained target (the padding slot elsewhere)
+    t = torch.arange(t1 - 1)[None]  # [1, T]
+    end = torch.tensor(ends)[:, None]  # [n, 1]
+    in_prefix = torch.tensor([p0 for p0, _ in row_prefix])[:, None] + t
+    in_suffix = torch.tensor(suffix_start)[:, None] + t - end - 1
+    index = torch.where(loss_mask > 0, torch.where(t <= end, in_prefix, in_suffix), len(tokens))  # [n, T]
+    logits = pad_row(lm_head(model, hidden))  # [N + 1, V]
+    return logits.index_select(0, index.flatten().to(ids.device)).view(n, t1 - 1, -1)  # [n, T, V]
+
