@@ -11,9 +11,11 @@ MFU = tokens/s × FLOPs/token / 790e12 (the H200's measured bf16 matmul rate), w
 not; the causal-attention term is half of the 12 L s d_attn of full attention).
 
 Parity of torch.compile: every megatron row records the log-probs of the batch before its first step
-and that step's loss and grad norm; two rows that differ only in train.megatron.compile_layers start
+and that step's loss and grad norm; two rows that differ only in one train.megatron.compile_* key start
 from the same initialisation (same seed; checked by a weight checksum) and are compared at the end
-(max |Δ log-prob|, relative Δ grad norm).
+(max |Δ log-prob|, relative Δ grad norm). A row with compile_log_probs also reports the same model's log-probs
+through the eager kernels (lp0_vs_eager_kernels_max_abs): the kernels' own difference, without the
+run-to-run difference of two compiled models. `--profile`: benchmarks/profile_step.py on one more step.
 
 `--variants` adds 4B megatron variants (indices into VARIANTS, or 'all') to the default rows.
 The figures measured on the H200 are in docs/gpu_results.md with the command that produced them.
@@ -22,6 +24,7 @@ The figures measured on the H200 are in docs/gpu_results.md with the command tha
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -31,23 +34,30 @@ import time
 import torch
 
 PEAK = 790e12
-# the 4B winner of the last session's variants, now config keys: torch.compile of each layer, bf16 gradient buffers
-BEST = ("train.megatron.compile_layers=true", "train.megatron.grad_reduce_in_fp32=false")
+# session 4's 4B winner: torch.compile of each layer, bf16 gradient buffers
+V1 = ("train.megatron.compile_layers=true", "train.megatron.grad_reduce_in_fp32=false")
+# + session 5's (profile: eager fp32 log-prob passes ~160 ms and foreach AdamW ~76 ms of a 1.17 s step):
+# fused log-prob kernels, torch's fused AdamW
+BEST = V1 + ("train.megatron.compile_log_probs=true", "train.megatron.adam_impl=fused")
 EAGER = ("train.megatron.grad_reduce_in_fp32=false",)
 
 ROWS = [  # (backend, model option, micro-batch, global batch, overrides); torch's "recompute": HF gradient checkpointing
     ("torch", "qwen3_0_6b", 8, 16, ()),
     ("megatron", "qwen3_0_6b", 8, 16, BEST),
     ("torch", "qwen3_4b", 4, 8, ("recompute",)),
-    ("megatron", "qwen3_4b", 2, 8, BEST),
+    ("megatron", "qwen3_4b", 4, 8, BEST),  # micro-batch 4 without recompute: 98 GiB (session 4: 2, V1)
 ]
 VARIANTS = [  # megatron, qwen3_4b, global batch --global-batch-4b: (micro-batch, overrides)
     (2, EAGER),  # the compile parity partner of the 4B default row
-    (2, BEST + ("train.megatron.log_probs_chunk_size=4096",)),
-    (4, BEST + ("parallelism.recompute_granularity=selective", "parallelism.recompute_modules=[mlp]")),
-    (4, BEST + ("parallelism.recompute_granularity=full", "parallelism.recompute_method=block",
+    (2, V1 + ("train.megatron.log_probs_chunk_size=4096",)),
+    (4, V1 + ("parallelism.recompute_granularity=selective", "parallelism.recompute_modules=[mlp]")),
+    (4, V1 + ("parallelism.recompute_granularity=full", "parallelism.recompute_method=block",
                 "parallelism.recompute_num_layers=18")),
     (2, ("train.megatron.compile_layers=true",)),  # compile with fp32 gradient buffers (the schema's default)
+    (2, V1 + ("train.megatron.compile_log_probs=true",)),  # 5
+    (2, BEST),  # 6
+    (4, BEST),  # 7: no recompute (now the default 4B row)
+    (2, V1),  # 8: session 4's default 4B row; the compile parity partner of 5
 ]
 
 
@@ -116,7 +126,8 @@ def trainer_for(backend: str, cfg, recompute: bool):
     return TorchTrainBackend(model, cfg.algorithm, cfg.train, 1.0, 100, dev)
 
 
-def run(backend: str, option: str, seq: int, mbs: int, gbs: int, warmup: int, iters: int, overrides=()) -> dict:
+def run(backend: str, option: str, seq: int, mbs: int, gbs: int, warmup: int, iters: int, overrides=(),
+        profile_dir: str | None = None) -> dict:
     cfg = compose(backend, option, seq, mbs, gbs, overrides)
     m, vocab = cfg.model, cfg.model.vocab_size
     torch.cuda.empty_cache()
@@ -127,8 +138,18 @@ def run(backend: str, option: str, seq: int, mbs: int, gbs: int, warmup: int, it
     if backend == "megatron":  # compile parity: log-probs before any step, a checksum of the initial weights
         extra["lp0"] = trainer.compute_log_probs(b)
         extra["init_sum"] = sum(p.double().sum().item() for p in list(trainer.gpt.parameters())[:4])
+        mg = trainer.cfg.megatron
+        if mg.compile_log_probs:  # the same logits through the eager kernels: the compiled kernels' own difference
+            trainer.cfg.megatron = dataclasses.replace(mg, compile_log_probs=False)
+            extra["lp0_vs_eager_kernels_max_abs"] = float((trainer.compute_log_probs(b) - extra["lp0"]).abs().max())
+            trainer.cfg.megatron = mg
     times, first = measure(trainer, b, warmup, iters)
     step_s = statistics.median(times)
+    if profile_dir is not None:  # one more step under torch.profiler, after the timed ones
+        from benchmarks.profile_step import profile
+
+        label = f"{backend}_{option}_mbs{mbs}_" + "_".join(o.split(".")[-1].replace("=", "-") for o in overrides)
+        extra["profile"] = profile(lambda: trainer.train_rollout(b), label[:120])
     tps = gbs * seq / step_s
     row = dict(backend=backend, model=option, seq=seq, micro_batch=mbs, global_batch=gbs, overrides=list(overrides),
                step_s=round(step_s, 4), step_min_s=round(min(times), 4), step_max_s=round(max(times), 4), iters=iters,
@@ -142,18 +163,15 @@ def run(backend: str, option: str, seq: int, mbs: int, gbs: int, warmup: int, it
 
 
 def compile_parity(rows: list[dict]) -> list[dict]:
-    """Pairs of rows equal but for train.megatron.compile_layers=true: the same batch's log-probs and first step."""
-    key = "train.megatron.compile_layers=true"
+    """Pairs of rows equal but for one train.megatron.compile_*=true: the same batch's log-probs and first step."""
     out = []
-    for r in rows:
-        if "lp0" not in r or key not in r["overrides"]:
-            continue
+    for r, key in [(r, o) for r in rows if "lp0" in r for o in r["overrides"] if "megatron.compile_" in o and o.endswith("=true")]:
         want = sorted(o for o in r["overrides"] if o != key)
         for e in rows:
             if ("lp0" in e and e["model"] == r["model"] and e["micro_batch"] == r["micro_batch"]
                     and sorted(e["overrides"]) == want):
                 ga, gb = e["first_step"]["train/grad_norm"], r["first_step"]["train/grad_norm"]
-                out.append(dict(model=r["model"], micro_batch=r["micro_batch"], same_init=e["init_sum"] == r["init_sum"],
+                out.append(dict(model=r["model"], micro_batch=r["micro_batch"], compiled=key, same_init=e["init_sum"] == r["init_sum"],
                                 max_abs_logprob_diff=float((e["lp0"] - r["lp0"]).abs().max()),
                                 mean_abs_logprob=float(e["lp0"].abs().mean()),
                                 loss_eager=e["first_step"]["train/loss"], loss_compiled=r["first_step"]["train/loss"],
@@ -172,6 +190,8 @@ def main() -> None:
     ap.add_argument("--global-batch-4b", type=int, default=8, help="sequences per optimizer step of the 4B rows and "
                     "variants (the micro-batch stays; more sequences spread the step's fixed cost: optimizer, grad reduce)")
     ap.add_argument("--out", default="bench_out/bench_megatron.json")
+    ap.add_argument("--profile", action="store_true", help="profile one more step of each row (benchmarks/profile_step.py): "
+                    "GPU kernel time by op class, idle gaps, top ops; into the JSON and printed")
     args = ap.parse_args()
     from slime_hydra.config.store import register
 
@@ -184,7 +204,8 @@ def main() -> None:
     rows = []
     for backend, option, mbs, gbs, over in jobs:
         try:
-            row = run(backend, option, args.seq, mbs, gbs, args.warmup, args.iters, over)
+            row = run(backend, option, args.seq, mbs, gbs, args.warmup, args.iters, over,
+                      os.path.dirname(args.out) or "." if args.profile else None)
         except Exception as e:  # OOM, a compile failure: report it and measure the next row
             row = dict(backend=backend, model=option, micro_batch=mbs, overrides=list(over), error=f"{type(e).__name__}: {str(e)[:300]}")
         gc.collect()  # after the except block: the exception's frames no longer hold the trainer

@@ -53,20 +53,29 @@ def test_logprobs_match_transformers(single):
 
 
 def test_log_prob_chunks_are_exact(single):
-    """train.megatron.log_probs_chunk_size changes memory, not numbers: chunks of 3 tokens == one chunk, values and grads."""
+    """train.megatron.log_probs_chunk_size changes memory, not numbers: chunks of 3 tokens == one chunk, values and grads;
+    both equal plain autograd through log_softmax over the real vocabulary (the hand-written backward of logprobs.py)."""
     from slime_hydra.training.megatron.logprobs import vocab_parallel_logprobs
 
     g = torch.Generator().manual_seed(0)
-    logits = torch.randn(2, 7, 64, generator=g)
+    logits = torch.randn(2, 7, 64, generator=g, dtype=torch.float64)
     targets = torch.randint(0, 60, (2, 7), generator=g)
+    w_lp, w_ent = torch.randn(2, 7, generator=g, dtype=torch.float64), torch.randn(2, 7, generator=g, dtype=torch.float64)
     out = []
     for chunk in (3, -1):
         x = logits.clone().requires_grad_(True)
         lp, ent = vocab_parallel_logprobs(x, targets, 60, 0.7, True, chunk)  # vocab 60 of 64 columns: padding masked
-        (lp.sum() + ent.sum()).backward()
+        ((lp * w_lp).sum() + (ent * w_ent).sum()).backward()
         out.append((lp, ent, x.grad))
+    x = logits.clone().requires_grad_(True)
+    ls = torch.log_softmax(x[..., :60] / 0.7, -1)  # [2, 7, 60]
+    ref_lp, ref_ent = ls.gather(-1, targets.unsqueeze(-1)).squeeze(-1), -(ls.exp() * ls).sum(-1)
+    ((ref_lp * w_lp).sum() + (ref_ent * w_ent).sum()).backward()
     for a, b in zip(*out):
-        assert torch.allclose(a, b, atol=1e-6, rtol=0)
+        assert torch.allclose(a.double(), b.double(), atol=1e-6, rtol=0)
+    for a, b in zip(out[0], (ref_lp, ref_ent, x.grad)):
+        assert torch.allclose(a.double(), b, atol=1e-6, rtol=0)
+    assert torch.all(x.grad[..., 60:] == 0) and torch.all(out[0][2][..., 60:] == 0)  # padding columns get no gradient
 
 
 def test_native_gqa_equals_repeated_heads_on_cpu():

@@ -279,6 +279,12 @@ class MegatronConfig:
     # slime's name: tokens per chunk of the fp32 log-prob / entropy computation (training/megatron/logprobs.py);
     # -1: one chunk (materialises [tokens, vocab] fp32 logits)
     log_probs_chunk_size: int = 1024
+    # torch.compile of the two per-chunk log-prob kernels (statistics forward, hand-written gradient): one fused
+    # pass over the bf16 logits each instead of ~10 eager fp32 passes; CUDA only
+    compile_log_probs: bool = False
+    # torch's AdamW implementation under megatron's mixed-precision optimizer: foreach (torch's CUDA default) |
+    # fused (one kernel over all parameters per group)
+    adam_impl: str = "foreach"
 
 
 @dataclass

@@ -47,7 +47,8 @@ class MegatronTrainBackend:
                  train: TrainConfig, temperature: float, total_steps: int, device: torch.device, seed: int = 1234,
                  max_response_len: Optional[int] = None, sdpa: bool = True):
         """hf_weights: HF name -> tensor (a state dict or convert.SafetensorsDir); hf_config: its transformers config.
-        train.megatron holds this backend's own settings (compile_layers, grad_reduce_in_fp32, log_probs_chunk_size)."""
+        train.megatron holds this backend's own settings (compile_layers, grad_reduce_in_fp32, log_probs_chunk_size,
+        compile_log_probs, adam_impl)."""
         problems = convert.check_convertible(model)
         if problems:
             raise ValueError(problems[0])
@@ -107,7 +108,12 @@ class MegatronTrainBackend:
                              adam_beta2=b2, adam_eps=c.adam_eps if eps is None else eps, clip_grad=c.clip_grad if c.clip_grad > 0 else 0.0,
                              bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype,
                              use_distributed_optimizer=self.pcfg.use_distributed_optimizer)
-        return get_megatron_optimizer(oc, [self.ddp])
+        optimizer = get_megatron_optimizer(oc, [self.ddp])
+        if self.cfg.megatron.adam_impl == "fused":  # read by torch's AdamW at each step (no state exists yet)
+            for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+                for g in opt.optimizer.param_groups:
+                    g["foreach"], g["fused"] = False, True
+        return optimizer
 
     def freeze_reference(self) -> None:
         """Snapshot the current weights as the KL reference (after any warm start)."""
@@ -144,8 +150,9 @@ class MegatronTrainBackend:
     def _logp(self, mb: TrainBatch, logits: torch.Tensor, with_entropy: bool):
         T = mb.loss_mask.shape[1]
         targets = mb.input_ids[:, 1:].to(self.device)
+        mg = self.cfg.megatron
         return vocab_parallel_logprobs(logits[:, :T], targets, self.vocab, self.temperature, with_entropy,
-                                       self.cfg.megatron.log_probs_chunk_size)  # [n, T] x2
+                                       mg.log_probs_chunk_size, mg.compile_log_probs)  # [n, T] x2
 
     def _micro_batches(self, batch: TrainBatch, idx: torch.Tensor) -> list[TrainBatch]:
         return [batch.select(idx[s : s + self.cfg.micro_batch_size]) for s in range(0, len(idx), self.cfg.micro_batch_size)]

@@ -91,15 +91,20 @@ def check_speed(cfg: RunConfig, problems: list[str]) -> None:
     if mg.log_probs_chunk_size != -1 and mg.log_probs_chunk_size < 1:
         problems.append(f"train.megatron.log_probs_chunk_size={mg.log_probs_chunk_size} must be >= 1 (tokens per chunk) "
                         "or -1 (one chunk)")
-    if mg.compile_layers:
+    if mg.adam_impl not in ("foreach", "fused"):
+        problems.append(f"train.megatron.adam_impl={mg.adam_impl!r} is not one of foreach, fused; set one of them")
+    compiled = [k for k in ("compile_layers", "compile_log_probs") if getattr(mg, k)]
+    if compiled:
         device = cfg.cluster.device
         if device == "auto":
             import torch
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device != "cuda":
-            problems.append(f"train.megatron.compile_layers=true needs a CUDA device (cluster.device={cfg.cluster.device} "
-                            "runs on cpu here); set train.megatron.compile_layers=false or cluster.device=cuda")
+            keys = " and ".join(f"train.megatron.{k}=true" for k in compiled)
+            fix = " ".join(f"train.megatron.{k}=false" for k in compiled)
+            problems.append(f"{keys} needs a CUDA device (cluster.device={cfg.cluster.device} runs on cpu here); "
+                            f"set {fix} or cluster.device=cuda")
 
 
 def check_unused(cfg: RunConfig, problems: list[str]) -> None:
