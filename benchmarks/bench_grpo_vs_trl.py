@@ -90,7 +90,7 @@ def run_slime_hydra(ckpt: str, steps: int, out_dir: Path) -> dict:
     from slime_hydra.engine.build import build
     from slime_hydra.engine.loop import run
 
-    cfg = compose([f"model.hf_checkpoint={ckpt}", "warmstart=none", f"num_rollout={steps}", "eval=none"])
+    cfg = compose([f"model.hf_checkpoint={ckpt}", "warmstart.steps=0", f"num_rollout={steps}", "eval=none"])
     assert cfg.warmstart.steps == 0, cfg.warmstart
     c = build(cfg, str(out_dir))
     cpu0 = time.process_time()

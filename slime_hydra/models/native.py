@@ -20,6 +20,7 @@ path or the megatron backend has those; validation's `check_model_impl` refuses 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -80,6 +81,15 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
+def short_softmax(x: Tensor) -> Tensor:
+    """softmax over a short last dim (a segment's ~5-15 keys). torch's softmax kernel costs ~10 ns per element
+    at that width on CPU (100 us for 10k elements, 2 threads), these five elementwise ops about a third of it.
+    The max is detached: softmax is shift-invariant, so that is exact and spares autograd the max's backward.
+    Every row has at least one finite entry (segments never leave a query without keys)."""
+    e = (x - x.amax(-1, keepdim=True).detach()).exp()
+    return e / e.sum(-1, keepdim=True)
+
+
 def segment_attention(q: Tensor, k: Tensor, v: Tensor, seg: Segments) -> Tensor:
     """q [N, H, D], k/v [N + 1, Hkv, D] (last row: padding) -> [N, H, D]. Gathers with index_select
     (its backward is index_add, far cheaper on CPU than advanced indexing's index_put)."""
@@ -93,37 +103,47 @@ def segment_attention(q: Tensor, k: Tensor, v: Tensor, seg: Segments) -> Tensor:
     vp = v.index_select(0, seg.k_index.flatten()).view(s, lk, hkv, d).transpose(1, 2)  # [S, Hkv, Lk, D]
     scores = (qp @ kp).view(s, hkv, g, lq, lk) * d**-0.5
     scores = scores.masked_fill(~seg.allowed[:, None], float("-inf"))  # [S, Hkv, G, Lq, Lk]
-    o = scores.softmax(-1).view(s, hkv, g * lq, lk) @ vp  # [S, Hkv, G*Lq, D]
+    o = short_softmax(scores).view(s, hkv, g * lq, lk) @ vp  # [S, Hkv, G*Lq, D]
     o = o.view(s, hkv, g, lq, d).permute(0, 3, 1, 2, 4).reshape(s * lq, h, d)
     return o.index_select(0, seg.slot_of_token)  # [N, H, D]
 
 
-def fused_weights(model) -> list[tuple[Tensor, Tensor]]:
-    """Per layer: q/k/v stacked [(H + 2 Hkv) D, d] and gate/up stacked [2 F, d], one GEMM each. Built per
-    forward in training (autograd reaches the parameters through the cat); once per generate call in decoding."""
-    return [(torch.cat([l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight]),
-             torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight])) for l in model.model.layers]
+def fused_weights(model) -> list[tuple[Tensor, Tensor, Optional[Tensor]]]:
+    """Per layer: q/k/v stacked [(H + 2 Hkv) D, d] and gate/up stacked [2 F, d], one GEMM each, and qwen3's
+    q/k norm weights stacked per head [H + Hkv, D] (one norm over q and k together; None for llama).
+    Built per forward in training (autograd reaches the parameters through the cat); once per generate
+    call in decoding."""
+    c = model.config
+    out = []
+    for layer in model.model.layers:
+        a = layer.self_attn
+        qk_norm = (torch.cat([a.q_norm.weight.expand(c.num_attention_heads, -1), a.k_norm.weight.expand(c.num_key_value_heads, -1)])
+                   if hasattr(a, "q_norm") else None)
+        out.append((torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                    torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]), qk_norm))
+    return out
 
 
-def decode_attention(q: Tensor, k: Tensor, v: Tensor, valid: Tensor) -> Tensor:
-    """One query per row: q [A, H, D], k/v [A, K, Hkv, D], valid [A, K] bool -> [A, H, D]. Plain batched
-    matmuls (for a single query, cheaper on CPU than SDPA's flash kernel)."""
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
+    """One query per row: q [A, H, D], k/v [A, Hkv, K, D], bias [A, 1, 1, K] (0 or -inf) -> [A, H, D]. Plain
+    batched matmuls (for a single query, cheaper on CPU than SDPA's flash kernel)."""
     a, h, d = q.shape
-    hkv = k.shape[2]
-    scores = q.view(a, hkv, h // hkv, d) @ k.permute(0, 2, 3, 1)  # [A, Hkv, G, K]
-    scores = (scores * d**-0.5).masked_fill(~valid[:, None, None], float("-inf"))
-    return (scores.softmax(-1) @ v.transpose(1, 2)).reshape(a, h, d)  # [A, Hkv, G, D] -> [A, H, D]
+    hkv = k.shape[1]
+    scores = (q * d**-0.5).view(a, hkv, h // hkv, d) @ k.transpose(-1, -2) + bias  # [A, Hkv, G, K]
+    return (short_softmax(scores) @ v).reshape(a, h, d)  # [A, Hkv, G, D] -> [A, H, D]
 
 
-def project_qkv(attn, config, h: Tensor, w_qkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """h [N, d] -> q [N, H, D], k and v [N, Hkv, D] (q/k normed for qwen3, then rotated)."""
+def project_qkv(config, h: Tensor, w_qkv: Tensor, qk_norm: Optional[Tensor], cos: Tensor,
+                sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """h [N, d] -> q [N, H, D], k and v [N, Hkv, D]: q and k normed per head (qwen3) and rotated together."""
     d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     hq, hkv = config.num_attention_heads, config.num_key_value_heads
-    q, k, v = (h @ w_qkv.t()).split([hq * d, hkv * d, hkv * d], dim=-1)
-    q, k, v = q.view(-1, hq, d), k.view(-1, hkv, d), v.view(-1, hkv, d)
-    if hasattr(attn, "q_norm"):  # qwen3's per-head qk norm
-        q, k = rms_norm(q, attn.q_norm.weight, config.rms_norm_eps), rms_norm(k, attn.k_norm.weight, config.rms_norm_eps)
-    return rotate(q, cos, sin), rotate(k, cos, sin), v
+    qkv = (h @ w_qkv.t()).view(-1, hq + 2 * hkv, d)
+    qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv :]
+    if qk_norm is not None:
+        qk = F.rms_norm(qk, (d,), None, config.rms_norm_eps) * qk_norm  # [N, H + Hkv, D]
+    qk = rotate(qk, cos, sin)
+    return qk[:, :hq], qk[:, hq:], v
 
 
 def mlp(block, h: Tensor, w_gate_up: Tensor) -> Tensor:
@@ -138,9 +158,9 @@ def packed_forward(model, ids: Tensor, positions: Tensor, attend, weights=None) 
     weights = weights or fused_weights(model)
     x = body.embed_tokens(ids)  # [N, d]
     cos, sin = rope_tables(config, positions, x.dtype)
-    for i, (layer, (w_qkv, w_gate_up)) in enumerate(zip(body.layers, weights)):
+    for i, (layer, (w_qkv, w_gate_up, qk_norm)) in enumerate(zip(body.layers, weights)):
         h = rms_norm(x, layer.input_layernorm.weight, config.rms_norm_eps)
-        q, k, v = project_qkv(layer.self_attn, config, h, w_qkv, cos, sin)
+        q, k, v = project_qkv(config, h, w_qkv, qk_norm, cos, sin)
         o = attend(i, q, k, v)  # [N, H, D]
         x = x + o.reshape(len(ids), -1) @ layer.self_attn.o_proj.weight.t()
         x = x + mlp(layer.mlp, rms_norm(x, layer.post_attention_layernorm.weight, config.rms_norm_eps), w_gate_up)

@@ -86,8 +86,8 @@ class PackedDecoder:
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             k, v = pad_row(k), pad_row(v)
             new = k.new_zeros(len(rows), max_new_tokens, *k.shape[1:])  # [B, max_new, Hkv, D]
-            self.k.append(torch.cat([k[slot], new], 1))  # [B, L + max_new, Hkv, D]
-            self.v.append(torch.cat([v[slot], new], 1))
+            self.k.append(torch.cat([k[slot], new], 1).transpose(1, 2).contiguous())  # [B, Hkv, L + max_new, D]
+            self.v.append(torch.cat([v[slot], new], 1).transpose(1, 2).contiguous())
             return segment_attention(q, k, v, seg)
 
         hidden = packed_forward(self.model, torch.tensor(tokens, device=self.device),
@@ -104,10 +104,12 @@ class PackedDecoder:
         col = self.column
         self.valid[rows, col] = True
         valid = self.valid.index_select(0, rows)  # [A, K]
+        bias = torch.zeros(valid.shape, dtype=self.k[0].dtype, device=self.device).masked_fill_(~valid, float("-inf"))
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # q [A, H, D], k/v [A, Hkv, D]
-            self.k[layer][rows, col], self.v[layer][rows, col] = k, v
-            return decode_attention(q, self.k[layer].index_select(0, rows), self.v[layer].index_select(0, rows), valid)
+            self.k[layer][rows, :, col], self.v[layer][rows, :, col] = k, v
+            return decode_attention(q, self.k[layer].index_select(0, rows), self.v[layer].index_select(0, rows),
+                                    bias[:, None, None])
 
         hidden = packed_forward(self.model, tokens[rows], self.next_pos[rows], attend, self.weights)
         self.next_pos[rows] += 1

@@ -74,8 +74,7 @@ class LocalRollout:
             rows = newly.nonzero().flatten()
             if len(rows):  # finish each sample as soon as it is done, so a watcher sees it
                 toks, logps = torch.stack(out_tokens, 1)[rows].tolist(), torch.stack(out_logps, 1)[rows].float().tolist()
-                for i, t, lp in zip(rows.tolist(), toks, logps):
-                    self._finish(samples[i], t, lp, sp, False)
+                self._finish([samples[i] for i in rows.tolist()], toks, logps, sp, False)
             if bool(finished.all()):
                 break
             await asyncio.sleep(0)
@@ -84,8 +83,8 @@ class LocalRollout:
             logits = decoder.step(tok, ~finished)
         if out_tokens and not bool(finished.all()):  # aborted: keep what each unfinished sample has
             toks, logps = torch.stack(out_tokens, 1).cpu(), torch.stack(out_logps, 1).float().cpu()  # [B, R]
-            for i in (~finished).nonzero().flatten().tolist():
-                self._finish(samples[i], toks[i].tolist(), logps[i].tolist(), sp, True)
+            rows = (~finished).nonzero().flatten()
+            self._finish([samples[i] for i in rows.tolist()], toks[rows].tolist(), logps[rows].tolist(), sp, True)
 
     def _decoder(self) -> Decoder:
         return PackedDecoder(self.model) if self.model_impl == "native" else TransformersDecoder(self.model, self.pad_id)
@@ -98,7 +97,16 @@ class LocalRollout:
         hit = [not f and any(self.tokenizer.decode(r).endswith(st) for st in stops) for r, f in zip(recent, finished.tolist())]
         return torch.tensor(hit, device=finished.device)
 
-    def _finish(self, s: Sample, toks: list[int], logps: list[float], sp: SamplingParams, aborted: bool) -> None:
+    def _finish(self, samples: list[Sample], toks: list[list[int]], logps: list[list[float]], sp: SamplingParams,
+                aborted: bool) -> None:
+        """Append each row's new tokens to its sample's response; the texts are decoded in one batch."""
+        for s, t, lp in zip(samples, toks, logps):
+            self._append(s, t, lp, sp, aborted)
+        texts = self.tokenizer.batch_decode([s.response_tokens for s in samples], skip_special_tokens=True)
+        for s, text in zip(samples, texts):
+            s.response = text
+
+    def _append(self, s: Sample, toks: list[int], logps: list[float], sp: SamplingParams, aborted: bool) -> None:
         """Append the new tokens to the sample's response (empty unless it continues a partial one)."""
         stop_ids, stops = set(sp.stop_token_ids), sp.stop
         prev = s.response_tokens if s.response_length else []
@@ -111,7 +119,6 @@ class LocalRollout:
         response = prev + toks[:n]
         s.tokens = list(s.prompt_tokens) + response
         s.response_length = len(response)
-        s.response = self.tokenizer.decode(response, skip_special_tokens=True)
         s.rollout_log_probs = list(s.rollout_log_probs or [])[: len(prev)] + logps[:n]
         s.loss_mask = list(s.loss_mask or [1] * len(prev))[: len(prev)] + [1] * n
         s.status = status
