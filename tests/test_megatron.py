@@ -170,20 +170,54 @@ def test_engine_resume_through_megatron_checkpoints_is_exact(single, tmp_path):
     assert all(torch.equal(w_full[k], w_res[k]) for k in w_full)
 
 
-# dp2 (distributed optimizer) is left out: its checkpoint, reloaded with DP=1, gave wrong weights here (max |log-prob
-# diff| 0.05 right after loading), and megatron-core 0.16.1's fully_reshardable format fails to load (checkpoint.py)
-@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"])
 def test_parallel_megatron_checkpoint_resumes_with_tp1(single, parallel, layout):
-    """A checkpoint written by 2 ranks (TP=2 / PP=2) loads into TP=PP=1 and the next rollout matches the
-    2-rank run's (summation order only: 1e-4)."""
+    """A checkpoint written by 2 ranks (TP=2 / PP=2 / DP=2 with the distributed optimizer) loads into TP=PP=DP=1
+    and the next rollout matches the 2-rank run's (summation order only: 1e-4). dp2 resumes with the distributed
+    optimizer at DP=1 (dp_reshardable); before checkpoint._restore_adam_steps its next rollout was off by 0.05
+    (every parameter's Adam step shared one tensor)."""
     cfg, hf = single[0], single[1]
     ranks = [torch.load(parallel / f"{layout}_rank{r}.pt") for r in (0, 1)]
     last = ranks[1] if layout == "pp2" else ranks[0]
-    got = workers.resume_layout(cfg, hf, {}, str(parallel / f"{layout}_ckpt"))
+    par = {"use_distributed_optimizer": True} if layout == "dp2" else {}
+    got = workers.resume_layout(cfg, hf, par, str(parallel / f"{layout}_ckpt"))
     mask = workers.fixed_batch().loss_mask.bool()
     assert (got["loaded"][mask] - last["after"][mask]).abs().max() < 1e-5
     assert (got["after2"][mask] - last["after2"][mask]).abs().max() < 1e-4
     assert (got["after2"][mask] - last["after"][mask]).abs().max() > 1e-3  # and rollout 2 did move the weights
+    assert got["steps_done"] == 4
+
+
+def test_distributed_optimizer_resume_is_exact_and_kind_mismatch_is_refused(single, parallel, tmp_path):
+    """Same layout with the distributed optimizer (DP=1): save after rollout 1, load into a fresh backend, rollout 2 is
+    bit-identical. A checkpoint of the other optimizer kind is refused before loading, naming the key to set."""
+    from slime_hydra.errors import ConfigError
+
+    cfg, hf = single[0], single[1]
+    dist = {"use_distributed_optimizer": True}
+    full = workers.run_layout(cfg, hf, dist, str(tmp_path), "do1")
+    got = workers.resume_layout(cfg, hf, dist, str(tmp_path / "do1_ckpt"))
+    assert torch.equal(got["loaded"], full["after"]) and torch.equal(got["after2"], full["after2"])
+    with pytest.raises(ConfigError) as e:  # written by 2 ranks with the distributed optimizer, loaded without it
+        workers.resume_layout(cfg, hf, {}, str(parallel / "dp2_ckpt"))
+    msg = str(e.value)
+    assert "parallelism.use_distributed_optimizer=false, but" in msg and "(data-parallel size 2; now 1)" in msg
+    assert msg.endswith("set parallelism.use_distributed_optimizer=true to resume it")
+
+
+def test_fused_adam_matches_foreach(single):
+    """train.megatron.adam_impl=fused (torch's fused AdamW) takes the same steps as foreach: rounding only."""
+    import dataclasses
+
+    cfg, hf, hf_ref = single[0], single[1], single[2]
+    hf.load_state_dict(hf_ref)
+    out = []
+    for impl in ("foreach", "fused"):
+        train = dataclasses.replace(cfg.train, megatron=dataclasses.replace(cfg.train.megatron, adam_impl=impl))
+        res = workers.train_twice(dataclasses.replace(cfg, train=train), hf)
+        out.append(res)
+    assert (out[0]["before"] - out[0]["after2"]).abs().max() > 1e-3  # the steps moved the weights
+    assert (out[0]["after2"] - out[1]["after2"]).abs().max() < 1e-5
 
 
 @pytest.mark.slow

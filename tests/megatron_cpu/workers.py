@@ -61,6 +61,19 @@ def run_layout(cfg, hf, parallel, out_dir: str, tag: str) -> dict:
     return {"before": before, "after": after, "metrics": metrics, "after2": b.compute_log_probs(batch)}
 
 
+def train_twice(cfg, hf) -> dict:
+    """Log-probs before and after two train_rollouts of one TP=PP=DP=1 backend (no checkpoint)."""
+    from slime_hydra.training.megatron.backend import MegatronTrainBackend
+
+    b = MegatronTrainBackend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, cfg.algorithm, cfg.train, 1.0, 10,
+                             torch.device("cpu"), seed=cfg.seed, max_response_len=8)
+    batch = fixed_batch()
+    before = b.compute_log_probs(batch)
+    b.train_rollout(batch)
+    b.train_rollout(batch)
+    return {"before": before, "after2": b.compute_log_probs(batch)}
+
+
 def resume_layout(cfg, hf, parallel, ckpt_dir: str) -> dict:
     """A fresh backend (random weights) that loads `ckpt_dir`, then one more train_rollout."""
     import dataclasses

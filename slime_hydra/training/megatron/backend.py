@@ -341,8 +341,8 @@ class MegatronTrainBackend:
         checkpoint.save(path, self.gpt, self.optimizer, self.ref, {"steps_done": self.steps_done})
 
     def load_checkpoint(self, path: str) -> None:
-        """Collective: the inverse of save_checkpoint, into this run's layout (TP/PP may differ from the writer's; DP resharding
-        of the distributed optimizer is not verified: checkpoint.py)."""
+        """Collective: the inverse of save_checkpoint, into this run's layout (TP/PP may differ from the writer's, and with the
+        distributed optimizer the DP size; the optimizer kind must be the writer's: checkpoint.check_loadable)."""
         from slime_hydra.training.megatron import checkpoint
 
         if self.ref is None and (self.algo.use_kl_loss or self.algo.kl_coef != 0):

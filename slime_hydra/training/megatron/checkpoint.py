@@ -4,11 +4,14 @@ Every rank writes its shards into `<path>/.megatron.partial/`; once all have fin
 renames it to `<path>/megatron/` (a crash mid-save leaves any earlier `megatron/` intact). The
 tensors are stored by their global shape and offsets (megatron's ShardedTensors), so a checkpoint
 written with TP=2 loads with TP=1 and vice versa. The distributed optimizer's state is written in
-megatron's dp_reshardable format, meant to reload under another DP size and the same TP/PP layout;
-NOT verified: under the CPU shim a DP=2 checkpoint reloaded with DP=1 gave wrong weights (log-probs
-off by up to 0.05), and megatron-core 0.16.1's fully_reshardable format fails to load with torch's
-Adam (KeyError 'step', distrib_optimizer.py:940). Resume with use_distributed_optimizer is open. Scalars (optimizer step counts, the backend's
-own counters) go into the common part. Left out: asynchronous saving (megatron's
+megatron's dp_reshardable format, which reloads under another DP size and the same TP/PP layout (under
+the CPU shim a DP=2 checkpoint resumed with DP=1 matches the uninterrupted DP=2 run to 3e-6, the
+DP=2-vs-DP=1 summation difference; same layout: bit-exact) once _restore_adam_steps works around
+megatron-core 0.16.1's step handling with torch's Adam; its fully_reshardable format fails to load
+with torch's Adam (KeyError 'step', distrib_optimizer.py:940). A checkpoint loads only into the
+optimizer kind that wrote it (distributed or not: different keys); check_loadable says so, naming
+parallelism.use_distributed_optimizer, before anything is read. Scalars (optimizer step counts, the
+backend's own counters, the optimizer layout) go into the common part. Left out: asynchronous saving (megatron's
 async_sharded_save) and any lookahead for a shared filesystem's consistency: ranks of one job are
 assumed to see the same directory, as megatron's own checkpointing assumes.
 """
@@ -51,6 +54,7 @@ def save(path: str | Path, model, optimizer, ref=None, extra: dict | None = None
     _barrier()
     sd = _sharded(model, optimizer, ref, is_loading=False)
     sd["extra"] = dict(extra or {})
+    sd["optimizer_layout"] = _optimizer_layout(optimizer)
     dist_checkpointing.save(sd, str(tmp), content_metadata=_OPT_METADATA)
     _barrier()
     if rank0:
@@ -86,15 +90,63 @@ def _init_distributed_optimizer_state(optimizer) -> None:
                     state.update(exp_avg=torch.zeros_like(p.data), exp_avg_sq=torch.zeros_like(p.data), step=torch.tensor(0.0))
 
 
+def _restore_adam_steps(optimizer) -> None:
+    """megatron-core 0.16.1 with torch's Adam, two bugs of DistributedOptimizer.load_state_dict (any DP size):
+    - it gives every parameter's state the SAME 'step' tensor (one torch.tensor for all), so each optimizer step adds
+      1 per parameter to it (34 per step on the tiny model) and Adam's bias correction goes wrong;
+    - load_parameter_state_from_dp_reshardable then copies into it the 'step' that sharded_state_dict(is_loading=True)
+      captured before loading (a LocalNonpersistentObject: the placeholder 0 of _init_distributed_optimizer_state).
+    Together they made a resumed run's next update differ (what looked like a DP=2 -> DP=1 resharding error). The
+    param groups hold the saved step: each parameter gets its own tensor of it."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if not isinstance(opt, DistributedOptimizer):
+            continue
+        for group in opt.optimizer.param_groups:
+            if "step" not in group:
+                continue
+            for p in group["params"]:
+                state = opt.optimizer.state.get(p)
+                if state and "step" in state:
+                    state["step"] = state["step"].clone().fill_(float(group["step"]))  # own tensor, dtype and device kept
+
+
+def _optimizer_layout(optimizer) -> dict:
+    from megatron.core import parallel_state as ps
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    chain = getattr(optimizer, "chained_optimizers", [optimizer])
+    return {"use_distributed_optimizer": any(isinstance(o, DistributedOptimizer) for o in chain),
+            "data_parallel_size": ps.get_data_parallel_world_size()}
+
+
+def check_loadable(ckpt: Path, optimizer) -> None:
+    """The two optimizers store different keys (the distributed one by grad-buffer bucket, the other by parameter):
+    a checkpoint loads only into the kind that wrote it. The DP size may differ (dp_reshardable; exact: tests)."""
+    from slime_hydra.errors import ConfigError
+
+    saved = (dist_checkpointing.load_common_state_dict(str(ckpt)) or {}).get("optimizer_layout")
+    now = _optimizer_layout(optimizer)
+    if saved is not None and saved["use_distributed_optimizer"] != now["use_distributed_optimizer"]:
+        want = str(saved["use_distributed_optimizer"]).lower()
+        raise ConfigError([f"parallelism.use_distributed_optimizer={str(now['use_distributed_optimizer']).lower()}, but "
+                           f"{ckpt} was written with parallelism.use_distributed_optimizer={want} (data-parallel size "
+                           f"{saved['data_parallel_size']}; now {now['data_parallel_size']}): its optimizer state cannot "
+                           f"load into the other optimizer; set parallelism.use_distributed_optimizer={want} to resume it"])
+
+
 def load(path: str | Path, model, optimizer, ref=None) -> dict:
     """Collective: fills model, optimizer (and ref) in place from `<path>/megatron`; returns `extra`."""
     ckpt = Path(path) / DIRNAME
+    check_loadable(ckpt, optimizer)
     _init_distributed_optimizer_state(optimizer)
     sd = _sharded(model, optimizer, ref, is_loading=True)  # `extra` comes from the checkpoint's common part
     state = dist_checkpointing.load(sd, str(ckpt))
     model.load_state_dict(state["model"])
     with torch.no_grad():  # the distributed optimizer copies into its main params, leaves that require grad
         optimizer.load_state_dict(state["optimizer"])
+        _restore_adam_steps(optimizer)
     if ref is not None:
         ref.load_state_dict({k.removeprefix("ref_model."): v for k, v in state["ref_model"].items()})
     return state.get("extra") or {}
