@@ -18,12 +18,7 @@ def all_options() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("group,option", all_options())
 def test_every_group_option_composes_and_validates(group, option):
-    try:
-        cfg = compose_run([f"{group}={option}"])
-    except ConfigError as e:  # the embedded default's native forward runs dense qwen3/llama only
-        if "model.model_impl=native cannot run this model" not in str(e) or "set model.model_impl=transformers" not in str(e):
-            raise
-        cfg = compose_run([f"{group}={option}", "model.model_impl=transformers"])
+    cfg = compose_run([f"{group}={option}"])
     assert isinstance(cfg, RunConfig)
     assert isinstance(getattr(cfg, group), GROUP_SCHEMAS[group])
 

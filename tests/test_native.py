@@ -1,6 +1,6 @@
 """model.model_impl=native: the packed forward gives transformers' logits and gradients (training) and
 the same tokens and log-probs (decoding), for Qwen3 (qk-norm) and Llama blocks with grouped-query
-attention; validation refuses models it does not implement.
+attention; validation refuses models it does not implement (auto falls back to transformers for them).
 
 transformers' RMSNorm computes in float32 even in a float64 model, the native one in the model's dtype,
 so in float64 the two agree to float32 round-off (~1e-7 relative): the tolerances below. A wrong
@@ -166,5 +166,17 @@ def test_validation_refuses_models_native_does_not_run(tmp_path):
     msg = str(e.value)
     assert "model.model_impl=native" in msg and "qwen2" in msg and "attention_bias=true" in msg
     assert "set model.model_impl=transformers" in msg
-    with pytest.raises(ConfigError, match=r"model.model_impl='fast' is not one of \['transformers', 'native'\]"):
+    with pytest.raises(ConfigError, match=r"model.model_impl='fast' is not one of \['transformers', 'native', 'auto'\]"):
         compose_run(["model.model_impl=fast"])
+
+
+def test_auto_resolves_at_validation():
+    """The embedded default's model.model_impl=auto: native for its Qwen3; a MoE or qwen2 model option falls back
+    to transformers; an HF checkpoint is judged by its config.json."""
+    from slime_hydra.config.preflight import compose_run
+
+    assert compose_run([]).model.model_impl == "native"
+    assert compose_run(["model=qwen3_30b_a3b"]).model.model_impl == "transformers"
+    assert compose_run(["model=qwen2_5_7b"]).model.model_impl == "transformers"
+    assert compose_run(["model=llama3_8b"]).model.model_impl == "transformers"  # llama3.1 rope scaling
+    assert compose_run(["model=qwen3_4b"]).model.model_impl == "native"

@@ -102,7 +102,7 @@ def test_two_dp_ranks_match_one_rank_float64(ray_cluster, aggregation):
     batch = _batch(32, 10, 40, seed=0)
     tok = build_tokenizer(cfg.model)
     one = TorchTrainBackend(build_model(cfg.model, tok, cfg.seed), cfg.algorithm, cfg.train, 1.0, 2, torch.device("cpu"),
-                            max_response_len=cfg.rollout.rollout_max_response_len)
+                            max_response_len=cfg.rollout.rollout_max_response_len, model_impl=cfg.model.model_impl)
     m1 = one.train_rollout(batch)
 
     lay = plan_layout(dataclasses.replace(cfg.cluster, backend="ray", actor_num_gpus_per_node=2, rollout_num_gpus=2), False)

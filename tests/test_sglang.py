@@ -212,7 +212,9 @@ def test_killed_engine_mid_rollout_loses_and_duplicates_nothing(sglang_run):
     samples = [s for g in groups for s in g]
     keys = [(s.group_index, s.index) for s in samples]
     retried_before = r.client.retried
-    sp = SamplingParams(1.0, 1.0, -1, 6, (c.tokenizer.eos_token_id,))
+    # 48 tokens each, no stop token: ~25k tokens, several seconds on the CPU engines, so the kill at 1 s lands
+    # mid-rollout (with eos the trained model's 3-4-token answers were all back within 1 s)
+    sp = SamplingParams(1.0, 1.0, -1, 48, ())
     out: dict = {}
     worker = threading.Thread(target=lambda: out.setdefault("samples", asyncio.run(r.generate(samples, sp))))
     worker.start()

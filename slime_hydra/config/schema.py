@@ -45,7 +45,8 @@ class ModelConfig:
     attn_implementation: str = "sdpa"
     # whose forward runs the model in the torch trainer and the local rollout (SGLang's --model-impl idea):
     # transformers (the HF modules) | native (models/native.py over the same parameters: packed, padding-free
-    # tokens; dense qwen3/llama only; exact to float rounding)
+    # tokens; dense qwen3/llama only; exact to float rounding) | auto (native where it runs, else transformers,
+    # resolved at validation)
     model_impl: str = "transformers"
     # -- read by the megatron backend (slime's MODEL_ARGS; the torch backend builds only dense qwen3/llama) --
     normalization: str = "RMSNorm"  # RMSNorm | LayerNorm

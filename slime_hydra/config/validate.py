@@ -28,7 +28,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "logger.tracker": ("mlflow", "tensorboard", "none"),
     "model.dtype": ("float32", "bfloat16", "float16", "float64"),  # float64: exactness tests on CPU
     "model.attn_implementation": ("sdpa", "eager"),
-    "model.model_impl": ("transformers", "native"),
+    "model.model_impl": ("transformers", "native", "auto"),
     "reward.rm_on_failure": ("zero", "raise"),
     "cluster.device": ("auto", "cpu", "cuda"),
     "model.tokenizer": ("char", "char_tools"),
@@ -114,7 +114,7 @@ def check_values(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
     from slime_hydra.training.megatron.checks import check_megatron, check_model, check_unused  # no megatron import
 
     check_model(cfg, problems)
-    check_model_impl(cfg, problems)
+    check_model_impl(cfg, problems, notes)
     if cfg.train.backend == "megatron":
         check_megatron(cfg, problems)
     else:
@@ -128,19 +128,21 @@ def check_values(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
 NATIVE_MODEL_TYPES = ("qwen3", "llama")  # models/native.py: dense blocks, default rope, no biases
 
 
-def check_model_impl(cfg: RunConfig, problems: list[str]) -> None:
-    """model.model_impl=native runs only what models/native.py implements; read from config.json when
-    model.hf_checkpoint is set (JSON only), else from model.architecture."""
+def check_model_impl(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
+    """model.model_impl=native runs only what models/native.py implements (read from config.json when
+    model.hf_checkpoint is set, JSON only, else from the model group's fields); auto resolves to native
+    where it can run and to transformers elsewhere, with a note."""
     m = cfg.model
-    if m.model_impl != "native":
+    if m.model_impl not in ("native", "auto"):
         return
     config = {"model_type": m.architecture, "use_rope_scaling": m.use_rope_scaling, "add_qkv_bias": m.add_qkv_bias,
               "num_experts": m.num_experts, "swiglu": m.swiglu, "normalization": m.normalization}
     source = "the model group's fields"
     if m.hf_checkpoint:
         path = Path(m.hf_checkpoint) / "config.json"
-        if not path.is_file():
-            return  # the checkpoint's own check reports it
+        if not path.is_file():  # the checkpoint's own check reports it
+            m.model_impl = "transformers" if m.model_impl == "auto" else m.model_impl
+            return
         config, source = json.loads(path.read_text()), str(path)
     why = []
     if config.get("model_type") not in NATIVE_MODEL_TYPES:
@@ -158,9 +160,12 @@ def check_model_impl(cfg: RunConfig, problems: list[str]) -> None:
         why.append("not an RMSNorm + SwiGLU block")
     if config.get("pretraining_tp", 1) != 1:
         why.append("pretraining_tp != 1")
-    if why:
+    if m.model_impl == "auto":
+        m.model_impl = "transformers" if why else "native"
+        notes.append(f"model.model_impl=auto: {m.model_impl}" + (f" ({'; '.join(why)})" if why else ""))
+    elif why:
         problems.append(f"model.model_impl=native cannot run this model ({source}: {'; '.join(why)}); "
-                        "set model.model_impl=transformers")
+                        "set model.model_impl=transformers or auto")
 
 
 GROUP_BASELINE = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")  # estimators that centre rewards per prompt
@@ -299,6 +304,7 @@ def check_target(key: str, node: Optional[dict], n_positional: int, problems: li
 def check(cfg: RunConfig) -> tuple[RunConfig, list[str], list[str]]:
     cfg = dataclasses.replace(cfg)  # shallow: derivations below replace nested values in place
     cfg.train = dataclasses.replace(cfg.train)
+    cfg.model = dataclasses.replace(cfg.model)  # model.model_impl=auto is resolved in place
     cfg.cluster = dataclasses.replace(cfg.cluster)
     problems: list[str] = []
     notes: list[str] = []

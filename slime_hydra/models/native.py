@@ -19,6 +19,7 @@ path or the megatron backend has those; validation's `check_model_impl` refuses 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -63,13 +64,20 @@ def pad_row(x: Tensor) -> Tensor:
 
 
 def rope_tables(config, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """[N, 1, D] cos and sin, computed as transformers' default rope does (float32, then cast)."""
+    """[N, 1, D] cos and sin of each position (rows of a table made once per model shape and device)."""
     d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    theta = config.rope_parameters["rope_theta"]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float, device=positions.device) / d))
-    freqs = positions[:, None].float() * inv_freq  # [N, D/2]
+    cos, sin = _rope_table(float(config.rope_parameters["rope_theta"]), d, config.max_position_embeddings,
+                           str(positions.device), dtype)
+    return cos[positions][:, None], sin[positions][:, None]
+
+
+@functools.lru_cache(maxsize=8)
+def _rope_table(theta: float, d: int, length: int, device: str, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """[length, D] cos and sin, computed as transformers' default rope does (float32, then cast)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float, device=device) / d))
+    freqs = torch.arange(length, dtype=torch.float, device=device)[:, None] * inv_freq  # [length, D/2]
     emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
