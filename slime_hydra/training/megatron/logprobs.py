@@ -59,7 +59,10 @@ def _grad(logits: Tensor, targets: Tensor, lse: Tensor, ez: Tensor, g_lp: Tensor
 def _kernels(compiled: bool):
     if not compiled:
         return _local_stats, _grad
-    return torch.compile(_local_stats, dynamic=False), torch.compile(_grad, dynamic=False)
+    # dynamic=None: the first shape (a full chunk) compiles static, the next (a last, shorter chunk: RL sequence
+    # lengths vary) compiles once with a dynamic token dimension; dynamic=False recompiled per length and hit
+    # dynamo's recompile limit (then eager) in an H200 GRPO run
+    return torch.compile(_local_stats, dynamic=None), torch.compile(_grad, dynamic=None)
 
 
 def _global_stats(local: Tensor) -> tuple[Tensor, Tensor, Tensor]:
