@@ -203,6 +203,16 @@ def test_distributed_optimizer_resume_is_exact_and_kind_mismatch_is_refused(sing
     msg = str(e.value)
     assert "parallelism.use_distributed_optimizer=false, but" in msg and "(data-parallel size 2; now 1)" in msg
     assert msg.endswith("set parallelism.use_distributed_optimizer=true to resume it")
+    # and before anything starts: validation reads the checkpoint's common part (a save root with `latest` too)
+    from slime_hydra.config.preflight import compose_run
+
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "latest").write_text(str(parallel / "dp2_ckpt") + "\n")  # an absolute name joins as itself
+    for load in (parallel / "dp2_ckpt", tmp_path / "root"):
+        with pytest.raises(ConfigError) as e:
+            compose_run(["train=megatron", f"load={load}"])
+        assert "set parallelism.use_distributed_optimizer=true to resume it" in str(e.value)
+    compose_run(["train=megatron", f"load={parallel / 'dp2_ckpt'}", "parallelism.use_distributed_optimizer=true"])
 
 
 def test_fused_adam_matches_foreach(single):

@@ -125,15 +125,12 @@ def check_loadable(ckpt: Path, optimizer) -> None:
     """The two optimizers store different keys (the distributed one by grad-buffer bucket, the other by parameter):
     a checkpoint loads only into the kind that wrote it. The DP size may differ (dp_reshardable; exact: tests)."""
     from slime_hydra.errors import ConfigError
+    from slime_hydra.training.megatron.checks import optimizer_kind_mismatch
 
     saved = (dist_checkpointing.load_common_state_dict(str(ckpt)) or {}).get("optimizer_layout")
     now = _optimizer_layout(optimizer)
-    if saved is not None and saved["use_distributed_optimizer"] != now["use_distributed_optimizer"]:
-        want = str(saved["use_distributed_optimizer"]).lower()
-        raise ConfigError([f"parallelism.use_distributed_optimizer={str(now['use_distributed_optimizer']).lower()}, but "
-                           f"{ckpt} was written with parallelism.use_distributed_optimizer={want} (data-parallel size "
-                           f"{saved['data_parallel_size']}; now {now['data_parallel_size']}): its optimizer state cannot "
-                           f"load into the other optimizer; set parallelism.use_distributed_optimizer={want} to resume it"])
+    if problem := optimizer_kind_mismatch(saved, now["use_distributed_optimizer"], str(ckpt), f"; now {now['data_parallel_size']}"):
+        raise ConfigError([problem])
 
 
 def load(path: str | Path, model, optimizer, ref=None) -> dict:

@@ -76,6 +76,7 @@ def check_megatron(cfg: RunConfig, problems: list[str]) -> None:
         if bad := [x for x in p.recompute_modules if x not in allowed]:
             problems.append(f"parallelism.recompute_modules: {bad} not among {sorted(allowed)} (megatron's names)")
     check_speed(cfg, problems)
+    check_resume(cfg, problems)
     from slime_hydra.training.megatron.convert import check_convertible
 
     problems += check_convertible(m)
@@ -83,6 +84,35 @@ def check_megatron(cfg: RunConfig, problems: list[str]) -> None:
         from slime_hydra.models.hf_check import check_hf_config
 
         problems += check_hf_config(m, m.hf_checkpoint)
+
+
+def optimizer_kind_mismatch(saved: dict, use_distributed_optimizer: bool, where: str, dp_now: str = "") -> str | None:
+    """The problem text when a megatron checkpoint's optimizer kind (its common part's optimizer_layout) is not this run's."""
+    if saved is None or saved["use_distributed_optimizer"] == use_distributed_optimizer:
+        return None
+    want = str(saved["use_distributed_optimizer"]).lower()
+    return (f"parallelism.use_distributed_optimizer={str(use_distributed_optimizer).lower()}, but {where} was written with "
+            f"parallelism.use_distributed_optimizer={want} (data-parallel size {saved['data_parallel_size']}{dp_now}): its "
+            f"optimizer state cannot load into the other optimizer; set parallelism.use_distributed_optimizer={want} to resume it")
+
+
+def check_resume(cfg: RunConfig, problems: list[str]) -> None:
+    """load= a megatron checkpoint: its optimizer kind must be this run's (the loader checks again: checkpoint.py)."""
+    if cfg.load is None:
+        return
+    from pathlib import Path
+
+    ckpt = Path(cfg.load)
+    if (ckpt / "latest").is_file():  # a save root: engine.checkpoint.resolve_checkpoint's rule, without importing the engine
+        ckpt = ckpt / (ckpt / "latest").read_text().strip()
+    common = ckpt / "megatron" / "common.pt"
+    if not common.is_file():
+        return  # not a megatron checkpoint, or missing: validate.py / the engine's loader name it
+    import torch
+
+    saved = torch.load(common, map_location="cpu", weights_only=True).get("optimizer_layout")
+    if problem := optimizer_kind_mismatch(saved, cfg.parallelism.use_distributed_optimizer, str(common.parent)):
+        problems.append(problem)
 
 
 def check_speed(cfg: RunConfig, problems: list[str]) -> None:
