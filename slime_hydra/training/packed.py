@@ -54,11 +54,11 @@ def packed_logits(model, ids: Tensor, attn: Tensor, loss_mask: Tensor, share_pre
     hidden = packed_forward(model, torch.tensor(tokens, device=ids.device), torch.tensor(positions, device=ids.device),
                             attend=lambda _layer, q, k, v: segment_attention(q, pad_row(k), pad_row(v), seg))
     # [n, T] packed token whose logits predict each trained target (the padding slot elsewhere)
-    t = torch.arange(t1 - 1)[None]  # [1, T]
+    t = torch.arange(t1 - 1)[None]  # [1, T]  (index arithmetic on the CPU, then one copy to the device)
     end = torch.tensor(ends)[:, None]  # [n, 1]
     in_prefix = torch.tensor([p0 for p0, _ in row_prefix])[:, None] + t
     in_suffix = torch.tensor(suffix_start)[:, None] + t - end - 1
-    index = torch.where(loss_mask > 0, torch.where(t <= end, in_prefix, in_suffix), len(tokens))  # [n, T]
+    index = torch.where(loss_mask.cpu() > 0, torch.where(t <= end, in_prefix, in_suffix), len(tokens))  # [n, T]
     logits = pad_row(lm_head(model, hidden))  # [N + 1, V]
     return logits.index_select(0, index.flatten().to(ids.device)).view(n, t1 - 1, -1)  # [n, T, V]
 
