@@ -38,7 +38,7 @@ PEAK = 790e12
 V1 = ("train.megatron.compile_layers=true", "train.megatron.grad_reduce_in_fp32=false")
 # + session 5's (profile: eager fp32 log-prob passes ~160 ms and foreach AdamW ~76 ms of a 1.17 s step):
 # fused log-prob kernels, torch's fused AdamW
-BEST = V1 + ("train.megatron.compile_log_probs=true", "train.megatron.adam_impl=fused")
+BEST = V1 + ("train.megatron.compile_log_probs=true", "train.adam_impl=fused")
 EAGER = ("train.megatron.grad_reduce_in_fp32=false",)
 
 ROWS = [  # (backend, model option, micro-batch, global batch, overrides); torch's "recompute": HF gradient checkpointing

@@ -70,11 +70,12 @@ def base_model() -> torch.nn.Module:
     return copy.deepcopy(BASE)
 
 
-def backend(algo: AlgorithmConfig, mbs: int, gbs: int = 8, steps: int = 1, skip: bool = True, lr: float = 1e-3) -> TorchTrainBackend:
+def backend(algo: AlgorithmConfig, mbs: int, gbs: int = 8, steps: int = 1, skip: bool = True, lr: float = 1e-3,
+            adam_impl: str = "fused") -> TorchTrainBackend:
     # prefix_sharing off: these invariances are about micro-batching, to float64 round-off; sharing merges rows
     # before transformers' float32 RMSNorm (~1e-7), and tests/test_prefix_sharing.py checks it against this path
     train = TrainConfig(micro_batch_size=mbs, global_batch_size=gbs, num_steps_per_rollout=steps, lr=lr, clip_grad=0.0,
-                        skip_zero_advantage_samples=skip, prefix_sharing=False)
+                        skip_zero_advantage_samples=skip, prefix_sharing=False, adam_impl=adam_impl)
     b = TorchTrainBackend(base_model(), algo, train, temperature=1.0, total_steps=10, device=CPU, max_response_len=MAX_LEN)
     b.freeze_reference()
     return b
@@ -172,3 +173,20 @@ def test_seq_mean_token_sum_norm_needs_max_response_len():
     train = TrainConfig(micro_batch_size=1, global_batch_size=8, num_steps_per_rollout=1)
     with pytest.raises(ValueError, match="max_response_len"):
         TorchTrainBackend(base_model(), AlgorithmConfig(loss_aggregation="seq_mean_token_sum_norm"), train, 1.0, 1, CPU)
+
+
+def test_adam_impls_take_the_same_steps():
+    """train.adam_impl=fused | foreach | for_loop: one AdamW, three implementations; two rollouts of training
+    give the same weights to float64 rounding (and the steps did move them)."""
+    batch = make_batch()
+    start = torch.cat([p.detach().flatten() for p in base_model().parameters()])
+    out = {}
+    for impl in ("for_loop", "foreach", "fused"):
+        b = backend(AlgorithmConfig(), mbs=8, adam_impl=impl)
+        assert (b.optimizer.defaults["fused"], b.optimizer.defaults["foreach"]) == (impl == "fused", impl == "foreach")
+        b.train_rollout(batch)
+        b.train_rollout(batch)
+        out[impl] = torch.cat([p.detach().flatten() for p in b.model.parameters()])
+    assert (out["for_loop"] - start).abs().max() > 1e-4
+    assert_close(out["foreach"], out["for_loop"], rtol=0, atol=1e-12)
+    assert_close(out["fused"], out["for_loop"], rtol=0, atol=1e-12)

@@ -216,14 +216,14 @@ def test_distributed_optimizer_resume_is_exact_and_kind_mismatch_is_refused(sing
 
 
 def test_fused_adam_matches_foreach(single):
-    """train.megatron.adam_impl=fused (torch's fused AdamW) takes the same steps as foreach: rounding only."""
+    """train.adam_impl=fused (torch's fused AdamW) takes the same steps as foreach: rounding only."""
     import dataclasses
 
     cfg, hf, hf_ref = single[0], single[1], single[2]
     hf.load_state_dict(hf_ref)
     out = []
     for impl in ("foreach", "fused"):
-        train = dataclasses.replace(cfg.train, megatron=dataclasses.replace(cfg.train.megatron, adam_impl=impl))
+        train = dataclasses.replace(cfg.train, adam_impl=impl)
         res = workers.train_twice(dataclasses.replace(cfg, train=train), hf)
         out.append(res)
     assert (out[0]["before"] - out[0]["after2"]).abs().max() > 1e-3  # the steps moved the weights

@@ -109,17 +109,17 @@ def test_megatron_speed_keys_are_validated_naming_the_keys():
     assert "parallelism.recompute_modules applies only with parallelism.recompute_granularity=selective" in msg
     assert "['attn'] not among" in msg
     with pytest.raises(ConfigError) as e:
-        compose_run(["train=megatron", "train.megatron.compile_log_probs=true", "train.megatron.adam_impl=apex"])
+        compose_run(["train=megatron", "train.megatron.compile_log_probs=true", "train.adam_impl=apex"])
     msg = str(e.value)
     assert "train.megatron.compile_log_probs=true needs a CUDA device" in msg
     assert "set train.megatron.compile_log_probs=false or cluster.device=cuda" in msg
-    assert "train.megatron.adam_impl='apex' is not one of foreach, fused" in msg
+    assert "train.adam_impl='apex' is not one of ['fused', 'foreach', 'for_loop']" in msg
     with pytest.raises(ConfigError) as e:  # set with the torch backend they would be ignored
         compose_run(["train.megatron.grad_reduce_in_fp32=false"])
     assert "train.megatron.grad_reduce_in_fp32 apply only with train.backend=megatron" in str(e.value)
     cfg = compose_run(["train=megatron", "cluster.device=cuda", "train.megatron.compile_layers=true",
                        "parallelism.recompute_granularity=selective", "parallelism.recompute_modules=[mlp]",
                        "train.megatron.log_probs_chunk_size=-1", "train.megatron.compile_log_probs=true",
-                       "train.megatron.adam_impl=fused"])  # validation touches no GPU: fine on CPU
+                       "train.adam_impl=fused"])  # validation touches no GPU: fine on CPU
     assert cfg.train.megatron.compile_layers and cfg.parallelism.recompute_modules == ["mlp"]
-    assert cfg.train.megatron.compile_log_probs and cfg.train.megatron.adam_impl == "fused"
+    assert cfg.train.megatron.compile_log_probs and cfg.train.adam_impl == "fused"

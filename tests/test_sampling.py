@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from slime_hydra.rollout.sampling import filter_logits, sample_tokens
+from slime_hydra.rollout.sampling import filter_logits, inverse_cdf, sample_tokens
 
 NEG_INF = float("-inf")
 
@@ -186,3 +186,28 @@ def test_sample_tokens_shapes_and_dtypes():
     assert lp.shape == (3,) and lp.dtype == torch.float32
     # uniform over 5 -> ln(1/5) for whichever token
     assert_close(lp, torch.full((3,), -math.log(5.0)), rtol=0, atol=1e-6)
+
+
+def test_inverse_cdf_by_hand():
+    # probs [.1, 0, .3, .6] (cumulative .1, .1, .4, 1.0); a row's draw is the first index whose cumulative mass
+    # exceeds u: u = 0 -> 0, .05 -> 0, .1 -> 2 (index 1 has no mass: its cumulative .1 does not exceed .1),
+    # .39 -> 2, .4 -> 3, .99 -> 3, and u = 1 (rounding can make u * total reach the total) -> 3, the last with mass
+    probs = torch.tensor([[0.1, 0.0, 0.3, 0.6]]).expand(7, 4)
+    u = torch.tensor([0.0, 0.05, 0.1, 0.39, 0.4, 0.99, 1.0])
+    assert inverse_cdf(probs, u).tolist() == [0, 0, 2, 2, 3, 3, 3]
+    # unnormalised rows and trailing zeros: [2, 2, 0, 0] (total 4): u = .5 -> cumulative 2 does not exceed 2 -> 1;
+    # u = 1 -> index 1, never the massless 2 or 3
+    probs = torch.tensor([[2.0, 2.0, 0.0, 0.0]]).expand(3, 4)
+    assert inverse_cdf(probs, torch.tensor([0.25, 0.5, 1.0])).tolist() == [0, 1, 1]
+
+
+def test_unfiltered_sampling_frequencies():
+    # T = 1, logits ln[1, 2, 3, 4] -> probs [.1, .2, .3, .4]; 20000 draws: each frequency within 5 binomial sigmas
+    # (sigma <= sqrt(.25 / 20000) = 0.0035); a massless token (logit -inf) is never drawn
+    n = 20000
+    logits = torch.tensor([LN + [float("-inf")]]).expand(n, 5).contiguous()
+    tok, lp = sample_tokens(logits, temperature=1.0, top_k=-1, top_p=1.0, generator=torch.Generator().manual_seed(3))
+    freq = torch.bincount(tok, minlength=5).float() / n
+    assert freq[4] == 0
+    assert_close(freq[:4], torch.tensor([0.1, 0.2, 0.3, 0.4]), rtol=0, atol=5 * 0.0035)
+    assert_close(lp, torch.log(torch.tensor([0.1, 0.2, 0.3, 0.4, 1.0]))[tok], rtol=0, atol=1e-6)

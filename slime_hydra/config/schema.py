@@ -283,9 +283,6 @@ class MegatronConfig:
     # torch.compile of the two per-chunk log-prob kernels (statistics forward, hand-written gradient): one fused
     # pass over the bf16 logits each instead of ~10 eager fp32 passes; CUDA only
     compile_log_probs: bool = False
-    # torch's AdamW implementation under megatron's mixed-precision optimizer: foreach (torch's CUDA default) |
-    # fused (one kernel over all parameters per group)
-    adam_impl: str = "foreach"
 
 
 @dataclass
@@ -304,6 +301,10 @@ class TrainConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-8
+    # torch's AdamW implementation, in both backends (under megatron's mixed-precision optimizer there): fused (one
+    # kernel over all parameters per group; on CPU 1.8 ms vs 8.5 ms per step of the embedded default's 0.8M
+    # parameters, on the H200's Qwen3-4B 52.7% vs 51.2% MFU) | foreach | for_loop (torch's CPU default)
+    adam_impl: str = "fused"
     clip_grad: float = 1.0
     # Leave samples whose advantages are all zero out of the backward pass. Exact when no term of the
     # loss (KL, entropy) depends on them; validation turns it off otherwise.

@@ -25,6 +25,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.backend": ("local", "sglang"),
     "train.backend": ("torch", "megatron"),
     "train.lr_decay_style": ("constant", "linear", "cosine"),
+    "train.adam_impl": ("fused", "foreach", "for_loop"),
     "logger.tracker": ("mlflow", "tensorboard", "none"),
     "model.dtype": ("float32", "bfloat16", "float16", "float64"),  # float64: exactness tests on CPU
     "model.attn_implementation": ("sdpa", "eager"),

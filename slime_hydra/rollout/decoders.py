@@ -63,6 +63,11 @@ class TransformersDecoder:
 
 
 class PackedDecoder:
+    """The cache holds the still-active rows only, [A, Hkv, L + max_new, D] per layer: a row that finishes is
+    dropped from it once (one index_select per layer), not gathered out of it at every step; each step writes
+    one column and attends to the columns before it (a view). Generated columns line up across rows (every
+    active row adds one token per step); a row's context columns past its own length carry a -inf bias."""
+
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self.device = next(model.parameters()).device
@@ -76,45 +81,50 @@ class PackedDecoder:
             positions += range(len(ctx))
         spans = [list(range(s, s + len(c))) for s, c in zip(starts, contexts)]
         seg = segments(spans, spans, positions, self.device)
-        L = max(len(c) for c in contexts)
-        # [B, L] packed token of each row's context key slot (padding slot past its end)
-        slot = torch.tensor([[starts[u] + j if j < len(contexts[u]) else len(tokens) for j in range(L)] for u in rows],
-                            device=self.device)
+        b, L = len(rows), max(len(c) for c in contexts)
+        row_of = torch.tensor(rows, device=self.device)  # [B] each row's context
+        lengths = torch.tensor([len(c) for c in contexts], device=self.device)[row_of]  # [B]
+        j = torch.arange(L, device=self.device)[None]  # [1, L]
+        # [B, L] packed token of each row's context key slot (the padding slot past its end)
+        slot = torch.where(j < lengths[:, None], torch.tensor(starts, device=self.device)[row_of][:, None] + j, len(tokens))
         self.k, self.v = [], []
         self.weights = fused_weights(self.model)  # fixed for the whole generate call
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             k, v = pad_row(k), pad_row(v)
-            new = k.new_zeros(len(rows), max_new_tokens, *k.shape[1:])  # [B, max_new, Hkv, D]
-            self.k.append(torch.cat([k[slot], new], 1).transpose(1, 2).contiguous())  # [B, Hkv, L + max_new, D]
-            self.v.append(torch.cat([v[slot], new], 1).transpose(1, 2).contiguous())
+            for src, caches in ((k, self.k), (v, self.v)):
+                cache = src.new_zeros(b, src.shape[1], L + max_new_tokens, src.shape[2])  # [B, Hkv, L + max_new, D]
+                cache[:, :, :L] = src[slot].transpose(1, 2)
+                caches.append(cache)
             return segment_attention(q, k, v, seg)
 
         hidden = packed_forward(self.model, torch.tensor(tokens, device=self.device),
                                 torch.tensor(positions, device=self.device), attend, self.weights)
         last = torch.tensor([s + len(c) - 1 for s, c in zip(starts, contexts)], device=self.device)
-        lengths = torch.tensor([len(contexts[u]) for u in rows], device=self.device)
-        self.valid = torch.arange(L + max_new_tokens, device=self.device)[None] < lengths[:, None]  # [B, L + max_new]
+        self.bias = torch.zeros(b, L + max_new_tokens, dtype=hidden.dtype, device=self.device)  # [B, K]
+        self.bias[:, :L].masked_fill_(j >= lengths[:, None], float("-inf"))
+        self.rows = torch.arange(b, device=self.device)  # the rows the cache holds
         self.next_pos, self.column = lengths.clone(), L
-        return lm_head(self.model, hidden[last])[torch.tensor(rows, device=self.device)]  # [B, V]
+        return lm_head(self.model, hidden[last])[row_of]  # [B, V]
 
     @torch.no_grad()
     def step(self, tokens: Tensor, active: Tensor) -> Tensor:
-        rows = active.nonzero().flatten()  # [A]
+        """tokens [B], active [B] (a subset of the rows active before) -> [B, V]"""
+        if int(active.sum()) != len(self.rows):  # rows finished since the last step: drop them, once
+            keep = active[self.rows].nonzero().flatten()  # [A] positions in the cache
+            self.k = [c.index_select(0, keep) for c in self.k]
+            self.v = [c.index_select(0, keep) for c in self.v]
+            self.bias, self.next_pos, self.rows = self.bias[keep], self.next_pos[keep], self.rows[keep]
         col = self.column
-        self.valid[rows, col] = True
-        valid = self.valid.index_select(0, rows)  # [A, K]
-        bias = torch.zeros(valid.shape, dtype=self.k[0].dtype, device=self.device).masked_fill_(~valid, float("-inf"))
+        bias = self.bias[:, None, None, : col + 1]  # [A, 1, 1, K']
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # q [A, H, D], k/v [A, Hkv, D]
-            self.k[layer][rows, :, col], self.v[layer][rows, :, col] = k, v
-            return decode_attention(q, self.k[layer].index_select(0, rows), self.v[layer].index_select(0, rows),
-                                    bias[:, None, None])
+            kc, vc = self.k[layer], self.v[layer]
+            kc[:, :, col], vc[:, :, col] = k, v
+            return decode_attention(q, kc[:, :, : col + 1], vc[:, :, : col + 1], bias)
 
-        hidden = packed_forward(self.model, tokens[rows], self.next_pos[rows], attend, self.weights)
-        self.next_pos[rows] += 1
+        hidden = packed_forward(self.model, tokens[self.rows], self.next_pos, attend, self.weights)
+        self.next_pos += 1
         self.column += 1
-        logits = torch.zeros(len(tokens), self.model.lm_head.weight.shape[0], device=self.device, dtype=hidden.dtype)
-        logits[rows] = lm_head(self.model, hidden)
-        return logits
-
+        logits = hidden.new_zeros(len(tokens), self.model.lm_head.weight.shape[0])
+        return logits.index_copy_(0, self.rows, lm_head(self.model, hidden))

@@ -27,6 +27,25 @@ def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
     return logits
 
 
+def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
+    """probs [B, V] (rows need not sum to exactly 1), u [B] in [0, 1] -> [B]: the first index whose cumulative
+    mass exceeds u * total. A zero-probability index is never taken (its cumulative mass equals its
+    predecessor's); where u * total reaches the total (u = 1, or rounding), the last index with mass is."""
+    cdf = probs.cumsum(-1)  # [B, V]
+    total = cdf[:, -1:].contiguous()  # [B, 1]
+    drawn = torch.searchsorted(cdf, u[:, None].to(cdf.dtype) * total, right=True)  # [B, 1] first cdf > u * total
+    last = torch.searchsorted(cdf, total)  # [B, 1] first cdf >= total: the last index with mass
+    return torch.minimum(drawn, last).squeeze(-1)
+
+
+def inverse_cdf_sample(probs: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
+    """One index per row, drawn with probability probs[b] / probs[b].sum(): one uniform per row, on CPU ~4x
+    cheaper than torch.multinomial (56 vs 234 us for [256, 14], 2 threads). [B, V] -> [B]."""
+    u = torch.rand(len(probs), generator=generator, dtype=torch.float64 if probs.dtype == torch.float64 else torch.float32,
+                   device=probs.device)
+    return inverse_cdf(probs, u)
+
+
 def sample_tokens(
     logits: Tensor, temperature: float, top_k: int, top_p: float, generator: Optional[torch.Generator] = None
 ) -> tuple[Tensor, Tensor]:
@@ -36,6 +55,7 @@ def sample_tokens(
     if top_k == 1:
         tokens = scaled.argmax(dim=-1)
     else:
-        probs = torch.softmax(filter_logits(scaled, top_k, top_p), dim=-1)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        filtered = filter_logits(scaled, top_k, top_p)
+        probs = logp_full.exp() if filtered is scaled else torch.softmax(filtered, dim=-1)  # [B, V]
+        tokens = inverse_cdf_sample(probs, generator)
     return tokens, logp_full.gather(-1, tokens[:, None]).squeeze(-1)

@@ -21,6 +21,7 @@ from slime_hydra.algorithms import losses as L
 from slime_hydra.algorithms.critic import value_loss
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.training.base import TrainBatch
+from slime_hydra.training.optim import adamw
 from slime_hydra.training.schedule import lr_multiplier
 
 
@@ -46,8 +47,8 @@ class TorchCritic:
         self.max_response_len = max_response_len
         self.model = ValueModel(policy).to(device).train()
         lr = train.critic_lr if train.critic_lr is not None else train.lr
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(train.adam_beta1, train.adam_beta2),
-                                           eps=train.adam_eps, weight_decay=train.weight_decay)
+        self.optimizer = adamw(self.model.parameters(), train.adam_impl, lr=lr, betas=(train.adam_beta1, train.adam_beta2),
+                               eps=train.adam_eps, weight_decay=train.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_multiplier(train.lr_decay_style, train.lr_warmup_iters, total_steps, lr,
                                           train.min_lr * lr / train.lr if train.lr > 0 else 0.0))

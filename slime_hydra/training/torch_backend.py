@@ -25,6 +25,7 @@ from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.training.base import TrainBatch, shaping_kl
 from slime_hydra.training.critic import TorchCritic
+from slime_hydra.training.optim import adamw
 from slime_hydra.training.policy_loss import old_log_probs, policy_loss
 from slime_hydra.training.packed import packed_logits
 from slime_hydra.training.prefix import shared_prefix_logits
@@ -47,8 +48,8 @@ class TorchTrainBackend:
                              "rollout.rollout_max_response_len)")
         self.custom_loss = load_target(algorithm.custom_loss)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=train.lr, betas=(train.adam_beta1, train.adam_beta2),
-                                           eps=train.adam_eps, weight_decay=train.weight_decay)
+        self.optimizer = adamw(self.params, train.adam_impl, lr=train.lr, betas=(train.adam_beta1, train.adam_beta2),
+                               eps=train.adam_eps, weight_decay=train.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_multiplier(train.lr_decay_style, train.lr_warmup_iters, total_steps, train.lr, train.min_lr))
         self.ref_model: Optional[torch.nn.Module] = None
@@ -191,7 +192,7 @@ class TorchTrainBackend:
     # -- SFT warm start ----------------------------------------------------------------------
     def sft_step(self, batch: TrainBatch, lr: float) -> float:
         if self._sft_optimizer is None:
-            self._sft_optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=0.0)
+            self._sft_optimizer = adamw(self.params, self.cfg.adam_impl, lr=lr)
         self._sft_optimizer.zero_grad(set_to_none=True)
         mb_all = torch.arange(batch.num_samples)
         mode = L.metric_aggregation(self.algo.loss_aggregation)  # token-sum modes are for the RL loss, not SFT

@@ -38,6 +38,7 @@ from slime_hydra.training.megatron import convert
 from slime_hydra.training.megatron.logprobs import vocab_parallel_logprobs
 from slime_hydra.training.megatron.model import DTYPES, build_gpt, padded_vocab_size, transformer_config
 from slime_hydra.training.megatron.parallel import init_parallel
+from slime_hydra.training.optim import adam_flags
 from slime_hydra.training.policy_loss import old_log_probs, policy_loss
 from slime_hydra.training.schedule import lr_multiplier
 
@@ -48,7 +49,7 @@ class MegatronTrainBackend:
                  max_response_len: Optional[int] = None, sdpa: bool = True):
         """hf_weights: HF name -> tensor (a state dict or convert.SafetensorsDir); hf_config: its transformers config.
         train.megatron holds this backend's own settings (compile_layers, grad_reduce_in_fp32, log_probs_chunk_size,
-        compile_log_probs, adam_impl)."""
+        compile_log_probs); train.adam_impl picks torch's AdamW implementation under megatron's optimizer."""
         problems = convert.check_convertible(model)
         if problems:
             raise ValueError(problems[0])
@@ -109,10 +110,9 @@ class MegatronTrainBackend:
                              bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype,
                              use_distributed_optimizer=self.pcfg.use_distributed_optimizer)
         optimizer = get_megatron_optimizer(oc, [self.ddp])
-        if self.cfg.megatron.adam_impl == "fused":  # read by torch's AdamW at each step (no state exists yet)
-            for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
-                for g in opt.optimizer.param_groups:
-                    g["foreach"], g["fused"] = False, True
+        for opt in getattr(optimizer, "chained_optimizers", [optimizer]):  # read by torch's AdamW at each step
+            for g in opt.optimizer.param_groups:
+                g.update(adam_flags(self.cfg.adam_impl))
         return optimizer
 
     def freeze_reference(self) -> None:

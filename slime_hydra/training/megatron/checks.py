@@ -121,8 +121,6 @@ def check_speed(cfg: RunConfig, problems: list[str]) -> None:
     if mg.log_probs_chunk_size != -1 and mg.log_probs_chunk_size < 1:
         problems.append(f"train.megatron.log_probs_chunk_size={mg.log_probs_chunk_size} must be >= 1 (tokens per chunk) "
                         "or -1 (one chunk)")
-    if mg.adam_impl not in ("foreach", "fused"):
-        problems.append(f"train.megatron.adam_impl={mg.adam_impl!r} is not one of foreach, fused; set one of them")
     compiled = [k for k in ("compile_layers", "compile_log_probs") if getattr(mg, k)]
     if compiled:
         device = cfg.cluster.device
