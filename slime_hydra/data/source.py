@@ -16,7 +16,7 @@ from slime_hydra.types import Sample
 def prompt_group(p: Prompt, group_index: int, n: int) -> list[Sample]:
     """`n` fresh samples of one prompt, indexed group_index * n + j."""
     return [Sample(prompt=p.prompt, label=p.label, group_index=group_index, index=group_index * n + j,
-                   prompt_tokens=list(p.tokens), metadata=copy.deepcopy(p.metadata)) for j in range(n)]
+                   prompt_tokens=list(p.tokens), metadata=copy.deepcopy(p.metadata) if p.metadata else {}) for j in range(n)]
 
 
 class PromptSource:

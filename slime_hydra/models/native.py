@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -29,8 +29,9 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class Segments:
-    """Attention layout over N packed tokens: S segments, each Lq query slots and Lk key slots.
-    Index N (one past the last token) is the padding slot."""
+    """Attention layout over N packed tokens: S segments, each Lq query slots and Lk key slots. A padding
+    slot indexes token 0: a padding query's output is never read and a padding key is masked out, so any
+    real token serves (no padding row is appended to q, k or v)."""
 
     q_index: Tensor  # [S, Lq] packed token of each query slot
     k_index: Tensor  # [S, Lk] packed token of each key slot
@@ -42,33 +43,18 @@ def segments(queries: list[list[int]], keys: list[list[int]], positions: list[in
     """queries[s] / keys[s]: packed token indices (keys include the queries); positions: each token's
     absolute position, so "not after" is position order across a shared prefix and its suffix."""
     n = len(positions)
-    lq, lk = max(len(q) for q in queries), max(len(k) for k in keys)
-    pos = positions + [-1]
-    qi = [q + [n] * (lq - len(q)) for q in queries]
-    ki = [k + [n] * (lk - len(k)) for k in keys]
+    lq, lk = max(map(len, queries)), max(map(len, keys))
+    qi = torch.tensor([q + [n] * (lq - len(q)) for q in queries])  # [S, Lq] (n: padding)
+    ki = torch.tensor([k + [n] * (lk - len(k)) for k in keys])  # [S, Lk]
+    pos = torch.tensor(positions + [1 << 30])  # [N + 1]: a padding slot comes after every token
     # a padding query attends to every real key of its segment (never to none: softmax of all -inf is NaN)
-    qpos = torch.tensor([[pos[t] if t < n else 1 << 30 for t in row] for row in qi], device=device)  # [S, Lq]
-    kpos = torch.tensor([[pos[t] if t < n else 1 << 30 for t in row] for row in ki], device=device)  # [S, Lk]
-    allowed = (kpos[:, None, :] <= qpos[:, :, None]) & (kpos < (1 << 30))[:, None, :]  # [S, Lq, Lk]
-    slot = torch.empty(n, dtype=torch.long)
-    flat = torch.tensor(qi).flatten()
+    allowed = (pos[ki][:, None, :] <= pos[qi][:, :, None]) & (ki < n)[:, None, :]  # [S, Lq, Lk]
+    flat = qi.flatten()
     real = flat < n
+    slot = torch.empty(n, dtype=torch.long)
     slot[flat[real]] = torch.arange(len(flat))[real]
-    return Segments(torch.tensor(qi, device=device), torch.tensor(ki, device=device), allowed[:, None],
-                    slot.to(device))
-
-
-def pad_row(x: Tensor) -> Tensor:
-    """x with one zero row appended: the padding slot's value (index N of N packed tokens)."""
-    return torch.cat([x, x.new_zeros(1, *x.shape[1:])])
-
-
-def rope_tables(config, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """[N, 1, D] cos and sin of each position (rows of a table made once per model shape and device)."""
-    d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    cos, sin = _rope_table(float(config.rope_parameters["rope_theta"]), d, config.max_position_embeddings,
-                           str(positions.device), dtype)
-    return cos[positions][:, None], sin[positions][:, None]
+    return Segments(qi.masked_fill(qi == n, 0).to(device), ki.masked_fill(ki == n, 0).to(device),
+                    allowed[:, None].to(device), slot.to(device))
 
 
 @functools.lru_cache(maxsize=8)
@@ -81,12 +67,17 @@ def _rope_table(theta: float, d: int, length: int, device: str, dtype: torch.dty
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+    x1, x2 = x.chunk(2, dim=-1)  # (chunk's backward is one cat; two slices' would be two zero-filled copies)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    """RMSNorm over the last dim; weight [D], or [H, D] over x [N, H, D] (qwen3's q/k norms stacked per head).
+    (A hand-written backward was tried: 530 us per norm of the embedded default's training step against
+    autograd's ~680 over the composite, no faster per step in an interleaved A/B; not kept.)"""
+    if weight.dim() == 1:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return F.rms_norm(x, (x.shape[-1],), None, eps) * weight
 
 
 def short_softmax(x: Tensor) -> Tensor:
@@ -99,13 +90,13 @@ def short_softmax(x: Tensor) -> Tensor:
 
 
 def segment_attention(q: Tensor, k: Tensor, v: Tensor, seg: Segments) -> Tensor:
-    """q [N, H, D], k/v [N + 1, Hkv, D] (last row: padding) -> [N, H, D]. Gathers with index_select
-    (its backward is index_add, far cheaper on CPU than advanced indexing's index_put)."""
+    """q [N, H, D], k/v [N, Hkv, D] -> [N, H, D]. Gathers with index_select (its backward is index_add, far
+    cheaper on CPU than advanced indexing's index_put)."""
     n, h, d = q.shape
     s, lq = seg.q_index.shape
     hkv, lk = k.shape[1], seg.k_index.shape[1]
     g = h // hkv
-    qp = pad_row(q).index_select(0, seg.q_index.flatten())  # [S*Lq, H, D]
+    qp = q.index_select(0, seg.q_index.flatten())  # [S*Lq, H, D]
     qp = qp.view(s, lq, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(s, hkv, g * lq, d)  # query head = kv head * g + j
     kp = k.index_select(0, seg.k_index.flatten()).view(s, lk, hkv, d).permute(0, 2, 3, 1)  # [S, Hkv, D, Lk]
     vp = v.index_select(0, seg.k_index.flatten()).view(s, lk, hkv, d).transpose(1, 2)  # [S, Hkv, Lk, D]
@@ -116,20 +107,49 @@ def segment_attention(q: Tensor, k: Tensor, v: Tensor, seg: Segments) -> Tensor:
     return o.index_select(0, seg.slot_of_token)  # [N, H, D]
 
 
-def fused_weights(model) -> list[tuple[Tensor, Tensor, Optional[Tensor]]]:
-    """Per layer: q/k/v stacked [(H + 2 Hkv) D, d] and gate/up stacked [2 F, d], one GEMM each, and qwen3's
-    q/k norm weights stacked per head [H + Hkv, D] (one norm over q and k together; None for llama).
-    Built per forward in training (autograd reaches the parameters through the cat); once per generate
-    call in decoding."""
-    c = model.config
-    out = []
-    for layer in model.model.layers:
-        a = layer.self_attn
-        qk_norm = (torch.cat([a.q_norm.weight.expand(c.num_attention_heads, -1), a.k_norm.weight.expand(c.num_key_value_heads, -1)])
-                   if hasattr(a, "q_norm") else None)
-        out.append((torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                    torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]), qk_norm))
-    return out
+class LayerWeights(NamedTuple):
+    input_norm: Tensor  # [d]
+    qkv_t: Tensor  # [d, (H + 2 Hkv) D]: q, k, v stacked (one GEMM), transposed
+    qk_norm: Optional[Tensor]  # [H + Hkv, D] qwen3's q and k norm weights per head (one norm over both); None for llama
+    o_t: Tensor  # [H D, d]
+    post_norm: Tensor  # [d]
+    gate_up_t: Tensor  # [d, 2 F]: gate and up stacked (one GEMM)
+    down_t: Tensor  # [F, d]
+
+
+@dataclass(frozen=True)
+class NativeWeights:
+    """Everything the forward reads, gathered once: built per forward in training (autograd reaches the
+    parameters through the cats), once per generate call in decoding. Spares each layer of each decode step
+    its module and config attribute look-ups."""
+
+    embed: Tensor  # [V, d]
+    layers: list[LayerWeights]
+    norm: Tensor  # [d]
+    head_t: Tensor  # [d, V]
+    heads: int  # H
+    kv_heads: int  # Hkv
+    head_dim: int  # D
+    eps: float
+    cos: Tensor  # [max_position_embeddings, D]
+    sin: Tensor
+
+
+def native_weights(model) -> NativeWeights:
+    c, body = model.config, model.model
+    h, hkv = c.num_attention_heads, c.num_key_value_heads
+    d = getattr(c, "head_dim", None) or c.hidden_size // h
+    layers = []
+    for layer in body.layers:
+        a, m = layer.self_attn, layer.mlp
+        qk_norm = torch.cat([a.q_norm.weight.expand(h, -1), a.k_norm.weight.expand(hkv, -1)]) if hasattr(a, "q_norm") else None
+        layers.append(LayerWeights(layer.input_layernorm.weight, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).t(),
+                                   qk_norm, a.o_proj.weight.t(), layer.post_attention_layernorm.weight,
+                                   torch.cat([m.gate_proj.weight, m.up_proj.weight]).t(), m.down_proj.weight.t()))
+    cos, sin = _rope_table(float(c.rope_parameters["rope_theta"]), d, c.max_position_embeddings,
+                           str(body.embed_tokens.weight.device), body.embed_tokens.weight.dtype)
+    return NativeWeights(body.embed_tokens.weight, layers, body.norm.weight, model.lm_head.weight.t(), h, hkv, d,
+                         c.rms_norm_eps, cos, sin)
 
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
@@ -141,39 +161,31 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
     return (short_softmax(scores) @ v).reshape(a, h, d)  # [A, Hkv, G, D] -> [A, H, D]
 
 
-def project_qkv(config, h: Tensor, w_qkv: Tensor, qk_norm: Optional[Tensor], cos: Tensor,
-                sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def project_qkv(w: NativeWeights, layer: LayerWeights, h: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """h [N, d] -> q [N, H, D], k and v [N, Hkv, D]: q and k normed per head (qwen3) and rotated together."""
-    d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    hq, hkv = config.num_attention_heads, config.num_key_value_heads
-    qkv = (h @ w_qkv.t()).view(-1, hq + 2 * hkv, d)
-    qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv :]
-    if qk_norm is not None:
-        qk = F.rms_norm(qk, (d,), None, config.rms_norm_eps) * qk_norm  # [N, H + Hkv, D]
-    qk = rotate(qk, cos, sin)
-    return qk[:, :hq], qk[:, hq:], v
+    qk, v = (h @ layer.qkv_t).view(-1, w.heads + 2 * w.kv_heads, w.head_dim).split([w.heads + w.kv_heads, w.kv_heads], 1)
+    if layer.qk_norm is not None:
+        qk = rms_norm(qk, layer.qk_norm, w.eps)  # [N, H + Hkv, D]
+    q, k = rotate(qk, cos, sin).split([w.heads, w.kv_heads], 1)
+    return q, k, v
 
 
-def mlp(block, h: Tensor, w_gate_up: Tensor) -> Tensor:
-    gate, up = (h @ w_gate_up.t()).chunk(2, dim=-1)
-    return (F.silu(gate) * up) @ block.down_proj.weight.t()
+def mlp(layer: LayerWeights, h: Tensor) -> Tensor:
+    gate, up = (h @ layer.gate_up_t).chunk(2, dim=-1)
+    return (F.silu(gate) * up) @ layer.down_t
 
 
-def packed_forward(model, ids: Tensor, positions: Tensor, attend, weights=None) -> Tensor:
+def packed_forward(w: NativeWeights, ids: Tensor, positions: Tensor, attend) -> Tensor:
     """ids/positions [N] -> final hidden states [N, d]. attend(layer, q, k, v) -> [N, H, D] is the
-    attention of one layer over the packed tokens (it decides who sees whom); weights: fused_weights(model)."""
-    config, body = model.config, model.model
-    weights = weights or fused_weights(model)
-    x = body.embed_tokens(ids)  # [N, d]
-    cos, sin = rope_tables(config, positions, x.dtype)
-    for i, (layer, (w_qkv, w_gate_up, qk_norm)) in enumerate(zip(body.layers, weights)):
-        h = rms_norm(x, layer.input_layernorm.weight, config.rms_norm_eps)
-        q, k, v = project_qkv(config, h, w_qkv, qk_norm, cos, sin)
-        o = attend(i, q, k, v)  # [N, H, D]
-        x = x + o.reshape(len(ids), -1) @ layer.self_attn.o_proj.weight.t()
-        x = x + mlp(layer.mlp, rms_norm(x, layer.post_attention_layernorm.weight, config.rms_norm_eps), w_gate_up)
-    return rms_norm(x, body.norm.weight, config.rms_norm_eps)
+    attention of one layer over the packed tokens (it decides who sees whom)."""
+    x = F.embedding(ids, w.embed)  # [N, d]
+    cos, sin = w.cos[positions][:, None], w.sin[positions][:, None]  # [N, 1, D]
+    for i, layer in enumerate(w.layers):
+        q, k, v = project_qkv(w, layer, rms_norm(x, layer.input_norm, w.eps), cos, sin)
+        x = x + attend(i, q, k, v).reshape(len(ids), -1) @ layer.o_t  # attend: [N, H, D]
+        x = x + mlp(layer, rms_norm(x, layer.post_norm, w.eps))
+    return rms_norm(x, w.norm, w.eps)
 
 
-def lm_head(model, hidden: Tensor) -> Tensor:
-    return hidden @ model.lm_head.weight.t()  # [N, V]
+def lm_head(weights: NativeWeights, hidden: Tensor) -> Tensor:
+    return hidden @ weights.head_t  # [N, V]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from slime_hydra.models.native import lm_head, packed_forward, pad_row, segment_attention, segments
+from slime_hydra.models.native import lm_head, native_weights, packed_forward, segment_attention, segments
 from slime_hydra.training.prefix import split_points
 
 
@@ -51,14 +51,19 @@ def packed_logits(model, ids: Tensor, attn: Tensor, loss_mask: Tensor, share_pre
             queries.append(span)
             keys.append(list(range(p0, p0 + plen)) + span)
     seg = segments(queries, keys, positions, ids.device)
-    hidden = packed_forward(model, torch.tensor(tokens, device=ids.device), torch.tensor(positions, device=ids.device),
-                            attend=lambda _layer, q, k, v: segment_attention(q, pad_row(k), pad_row(v), seg))
+    weights = native_weights(model)
+    hidden = packed_forward(weights, torch.tensor(tokens, device=ids.device), torch.tensor(positions, device=ids.device),
+                            attend=lambda _layer, q, k, v: segment_attention(q, k, v, seg))
     # [n, T] packed token whose logits predict each trained target (the padding slot elsewhere)
     t = torch.arange(t1 - 1)[None]  # [1, T]  (index arithmetic on the CPU, then one copy to the device)
     end = torch.tensor(ends)[:, None]  # [n, 1]
     in_prefix = torch.tensor([p0 for p0, _ in row_prefix])[:, None] + t
     in_suffix = torch.tensor(suffix_start)[:, None] + t - end - 1
     index = torch.where(loss_mask.cpu() > 0, torch.where(t <= end, in_prefix, in_suffix), len(tokens))  # [n, T]
-    logits = pad_row(lm_head(model, hidden))  # [N + 1, V]
+    logits = pad_row(lm_head(weights, hidden))  # [N + 1, V]
     return logits.index_select(0, index.flatten().to(ids.device)).view(n, t1 - 1, -1)  # [n, T, V]
 
+
+def pad_row(x: Tensor) -> Tensor:
+    """x with one zero row appended: the padding slot's value (index N of N packed tokens)."""
+    return torch.cat([x, x.new_zeros(1, *x.shape[1:])])
