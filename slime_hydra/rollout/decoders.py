@@ -75,19 +75,17 @@ class PackedDecoder:
 
     @torch.inference_mode()
     def prefill(self, contexts: list[tuple[int, ...]], rows: list[int], max_new_tokens: int) -> Tensor:
-        starts, tokens, positions = [], [], []
-        for ctx in contexts:
-            starts.append(len(tokens))
-            tokens += ctx
-            positions += range(len(ctx))
-        spans = [list(range(s, s + len(c))) for s, c in zip(starts, contexts)]
-        seg = segments(spans, spans, positions, self.device)
-        b, L = len(rows), max(len(c) for c in contexts)
-        row_of = torch.tensor(rows, device=self.device)  # [B] each row's context
-        lengths = torch.tensor([len(c) for c in contexts], device=self.device)[row_of]  # [B]
-        j = torch.arange(L, device=self.device)[None]  # [1, L]
+        tokens = [t for ctx in contexts for t in ctx]
+        length = torch.tensor([len(c) for c in contexts])  # [U]
+        start = length.cumsum(0) - length  # [U]
+        positions = torch.arange(len(tokens)) - start.repeat_interleave(length)  # [N]
+        seg = segments(start, length, start, torch.zeros_like(length), positions, self.device)
+        b, L = len(rows), int(length.max())
+        row_of = torch.tensor(rows)  # [B] each row's context
+        j = torch.arange(L)[None]  # [1, L]
+        lengths = length[row_of]  # [B]
         # [B, L] packed token of each row's context key slot (token 0 past its end: masked by the bias)
-        slot = torch.where(j < lengths[:, None], torch.tensor(starts, device=self.device)[row_of][:, None] + j, 0)
+        slot = torch.where(j < lengths[:, None], start[row_of][:, None] + j, 0).to(self.device)
         self.k, self.v = [], []
         self.weights = native_weights(self.model)  # fixed for the whole generate call
 
@@ -98,14 +96,13 @@ class PackedDecoder:
                 caches.append(cache)
             return segment_attention(q, k, v, seg)
 
-        hidden = packed_forward(self.weights, torch.tensor(tokens, device=self.device),
-                                torch.tensor(positions, device=self.device), attend)
-        last = torch.tensor([s + len(c) - 1 for s, c in zip(starts, contexts)], device=self.device)
+        hidden = packed_forward(self.weights, torch.tensor(tokens, device=self.device), positions.to(self.device), attend)
+        last = (start + length - 1).to(self.device)  # [U] each context's last token
         self.bias = torch.zeros(b, L + max_new_tokens, dtype=hidden.dtype, device=self.device)  # [B, K]
-        self.bias[:, :L].masked_fill_(j >= lengths[:, None], float("-inf"))
+        self.bias[:, :L].masked_fill_((j >= lengths[:, None]).to(self.device), float("-inf"))
         self.rows = torch.arange(b, device=self.device)  # the rows the cache holds
-        self.next_pos, self.column = lengths.clone(), L
-        return lm_head(self.weights, hidden[last])[row_of]  # [B, V]
+        self.next_pos, self.column = lengths.to(self.device), L
+        return lm_head(self.weights, hidden[last])[row_of.to(self.device)]  # [B, V]
 
     @torch.inference_mode()
     def step(self, tokens: Tensor, active: Tensor) -> Tensor:

@@ -26,33 +26,30 @@ def packed_logits(model, ids: Tensor, attn: Tensor, loss_mask: Tensor, share_pre
     ends = split_points(loss_mask).tolist() if share_prefix else [max(length - 2, 0) for length in lengths]
     tokens: list[int] = []
     positions: list[int] = []
-    queries: list[list[int]] = []
-    keys: list[list[int]] = []
+    spans: list[tuple[int, int, int, int]] = []  # per segment: query start, query length, prefix start, prefix length
     prefix_start: dict[tuple[int, ...], int] = {}
     row_prefix: list[tuple[int, int]] = []  # (start, length) of each row's prefix in the packed tokens
     for row, end in zip(rows, ends):
         key = tuple(row[: end + 1])
         if key not in prefix_start:
             prefix_start[key] = len(tokens)
-            span = list(range(len(tokens), len(tokens) + len(key)))
+            spans.append((len(tokens), len(key), 0, 0))
             tokens += key
             positions += range(len(key))
-            queries.append(span)
-            keys.append(span)
         row_prefix.append((prefix_start[key], len(key)))
     suffix_start = []
     for row, end, length, (p0, plen) in zip(rows, ends, lengths, row_prefix):
         suffix = row[end + 1 : length - 1]  # the last token predicts nothing
         suffix_start.append(len(tokens))
         if suffix:
-            span = list(range(len(tokens), len(tokens) + len(suffix)))
+            spans.append((len(tokens), len(suffix), p0, plen))
             tokens += suffix
             positions += range(end + 1, end + 1 + len(suffix))
-            queries.append(span)
-            keys.append(list(range(p0, p0 + plen)) + span)
-    seg = segments(queries, keys, positions, ids.device)
+    q_start, q_len, k_start, k_len = torch.tensor(spans).unbind(1)
+    pos = torch.tensor(positions)
+    seg = segments(q_start, q_len, k_start, k_len, pos, ids.device)
     weights = native_weights(model)
-    hidden = packed_forward(weights, torch.tensor(tokens, device=ids.device), torch.tensor(positions, device=ids.device),
+    hidden = packed_forward(weights, torch.tensor(tokens, device=ids.device), pos.to(ids.device),
                             attend=lambda _layer, q, k, v: segment_attention(q, k, v, seg))
     # [n, T] packed token whose logits predict each trained target (the padding slot elsewhere)
     t = torch.arange(t1 - 1)[None]  # [1, T]  (index arithmetic on the CPU, then one copy to the device)
