@@ -96,13 +96,14 @@ class PackedDecoder:
                 caches.append(cache)
             return segment_attention(q, k, v, seg)
 
-        hidden = packed_forward(self.weights, torch.tensor(tokens, device=self.device), positions.to(self.device), attend)
-        last = (start + length - 1).to(self.device)  # [U] each context's last token
+        last = (start + length - 1).to(self.device)  # [U] each context's last token: the only hidden state read
+        hidden = packed_forward(self.weights, torch.tensor(tokens, device=self.device), positions.to(self.device), attend,
+                                out=last)  # [U, d]
         self.bias = torch.zeros(b, L + max_new_tokens, dtype=hidden.dtype, device=self.device)  # [B, K]
         self.bias[:, :L].masked_fill_((j >= lengths[:, None]).to(self.device), float("-inf"))
         self.rows = torch.arange(b, device=self.device)  # the rows the cache holds
         self.next_pos, self.column = lengths.to(self.device), L
-        return lm_head(self.weights, hidden[last])[row_of.to(self.device)]  # [B, V]
+        return lm_head(self.weights, hidden)[row_of.to(self.device)]  # [B, V]
 
     @torch.inference_mode()
     def step(self, tokens: Tensor, active: Tensor) -> Tensor:

@@ -48,19 +48,23 @@ def packed_logits(model, ids: Tensor, attn: Tensor, loss_mask: Tensor, share_pre
     q_start, q_len, k_start, k_len = torch.tensor(spans).unbind(1)
     pos = torch.tensor(positions)
     seg = segments(q_start, q_len, k_start, k_len, pos, ids.device)
-    weights = native_weights(model)
-    hidden = packed_forward(weights, torch.tensor(tokens, device=ids.device), pos.to(ids.device),
-                            attend=lambda _layer, q, k, v: segment_attention(q, k, v, seg))
-    # [n, T] packed token whose logits predict each trained target (the padding slot elsewhere)
+    # [n, T] packed token whose logits predict each trained target (N, the padding slot, elsewhere)
     t = torch.arange(t1 - 1)[None]  # [1, T]  (index arithmetic on the CPU, then one copy to the device)
     end = torch.tensor(ends)[:, None]  # [n, 1]
     in_prefix = torch.tensor([p0 for p0, _ in row_prefix])[:, None] + t
     in_suffix = torch.tensor(suffix_start)[:, None] + t - end - 1
     index = torch.where(loss_mask.cpu() > 0, torch.where(t <= end, in_prefix, in_suffix), len(tokens))  # [n, T]
-    logits = pad_row(lm_head(weights, hidden))  # [N + 1, V]
-    return logits.index_select(0, index.flatten().to(ids.device)).view(n, t1 - 1, -1)  # [n, T, V]
+    # the M tokens whose logits are read; index renumbered into them (M: the padding slot)
+    read = torch.zeros(len(tokens) + 1, dtype=torch.bool).index_fill_(0, index.flatten(), True)[:-1]  # [N]
+    out = read.nonzero().flatten()  # [M]
+    renumber = torch.full((len(tokens) + 1,), len(out), dtype=torch.long).index_copy_(0, out, torch.arange(len(out)))
+    weights = native_weights(model)
+    hidden = packed_forward(weights, torch.tensor(tokens, device=ids.device), pos.to(ids.device),
+                            attend=lambda _layer, q, k, v: segment_attention(q, k, v, seg), out=out.to(ids.device))
+    logits = pad_row(lm_head(weights, hidden))  # [M + 1, V]
+    return logits.index_select(0, renumber[index].flatten().to(ids.device)).view(n, t1 - 1, -1)  # [n, T, V]
 
 
 def pad_row(x: Tensor) -> Tensor:
-    """x with one zero row appended: the padding slot's value (index N of N packed tokens)."""
+    """x with one zero row appended: the padding slot's value (index M of M tokens)."""
     return torch.cat([x, x.new_zeros(1, *x.shape[1:])])
