@@ -9,7 +9,8 @@ betas/eps, grad clip 1, PPO clip 0.2, no KL, per-sequence token-mean loss, one o
 rollout, all on CPU with 2 threads. Every TRL setting is derived from the composed slime_hydra
 config, so the two read one source of truth.
 
-Measured: the median wall seconds per step. For slime_hydra that is `perf/step_time_s`
+Measured: the median wall seconds per step (slime_hydra's steps in two halves, before and after TRL's run,
+so that a drift in the machine's speed weighs on both alike). For slime_hydra that is `perf/step_time_s`
 (generate + reward + train + weight sync); for TRL it is on_step_begin -> on_step_end of its
 Trainer (generate + reward + train + optimizer step). Final models are scored by the same code:
 slime_hydra's greedy `evaluate` over a `LocalRollout` of the trained model (200 held-out prompts).
@@ -85,22 +86,30 @@ def load_checkpoint(ckpt: str):
     return build_model(cfg.model, tok, cfg.seed), tok, cfg
 
 
-def run_slime_hydra(ckpt: str, steps: int, out_dir: Path) -> dict:
-    """build + run (not run_session: its summary drops the per-step values a median needs)."""
+def run_slime_hydra(ckpt: str, steps: int, out_dir: Path, between=None) -> dict:
+    """build + run (not run_session: its summary drops the per-step values a median needs). With `between`, the
+    steps run in two halves around it (the engine continues from `start_rollout`, as after a resume)."""
     from slime_hydra.engine.build import build
     from slime_hydra.engine.loop import run
 
     cfg = compose([f"model.hf_checkpoint={ckpt}", "warmstart.steps=0", f"num_rollout={steps}", "eval=none"])
     assert cfg.warmstart.steps == 0, cfg.warmstart
     c = build(cfg, str(out_dir))
-    cpu0 = time.process_time()
+    cpu_s = 0.0
     try:
-        history = run(cfg, c, str(out_dir / "checkpoints"))
+        for first, last in ((0, steps // 2), (steps // 2, steps)) if between else ((0, steps),):
+            if first:
+                between()
+            c.start_rollout, cfg.num_rollout = first, last
+            cpu0 = time.process_time()
+            history = run(cfg, c, str(out_dir / "checkpoints"))
+            cpu_s += time.process_time() - cpu0
     finally:
         c.tracker.close("FINISHED")
         c.rollout.shutdown()
     per_step = [m for _, m in history if "perf/step_time_s" in m]
-    return {"step_times_s": [m["perf/step_time_s"] for m in per_step], "train_cpu_s": time.process_time() - cpu0,
+    assert len(per_step) == steps, len(per_step)
+    return {"step_times_s": [m["perf/step_time_s"] for m in per_step], "train_cpu_s": cpu_s,
             "train_reward_mean": [m["rollout/reward_mean"] for m in per_step], "model": c.trainer.model}
 
 
@@ -214,10 +223,18 @@ def main() -> None:
         start_acc = heldout_accuracy(load_checkpoint(ckpt)[0], ckpt)
         print(f"warm start done in {time.perf_counter() - t0:.1f}s; start accuracy {start_acc:.3f}", flush=True)
         res = {"steps": args.steps, "start_accuracy": start_acc, "num_threads": NUM_THREADS}
-        for name, fn in (("slime_hydra", run_slime_hydra), ("trl", run_trl)):
-            t0 = time.perf_counter()
-            res[name] = finish(fn(ckpt, args.steps, tmp / name), ckpt)
-            print(f"{name}: {args.steps} steps in {time.perf_counter() - t0:.1f}s", flush=True)
+        # slime_hydra's steps run in two halves around TRL's run, so that a drift in the machine's speed over the
+        # few minutes (this 2-core VM's step times move by up to ~30% between minutes) weighs on both medians alike
+        t0 = time.perf_counter()
+
+        def trl_between():
+            t1 = time.perf_counter()
+            res["trl"] = finish(run_trl(ckpt, args.steps, tmp / "trl"), ckpt)
+            print(f"trl: {args.steps} steps in {time.perf_counter() - t1:.1f}s", flush=True)
+
+        res["slime_hydra"] = finish(run_slime_hydra(ckpt, args.steps, tmp / "slime_hydra", between=trl_between), ckpt)
+        print(f"slime_hydra: {args.steps} steps (two halves around TRL's) done {time.perf_counter() - t0:.1f}s after "
+              "they began", flush=True)
     res["speedup_vs_trl"] = res["trl"]["median_step_time_s"] / res["slime_hydra"]["median_step_time_s"]
     print("\n" + table(res))
     print(f"warm-start checkpoint held-out accuracy (both start here): {start_acc:.3f}")
