@@ -51,7 +51,6 @@ class LocalRollout:
         self._aborted = True
 
     async def _decode(self, samples: list[Sample], sp: SamplingParams) -> None:
-        B = len(samples)
         # a partial sample's context is prompt + response so far; a group's samples share one context,
         # so each distinct context is prefilled once and its KV cache repeated to its rows
         distinct: dict[tuple[int, ...], int] = {}
