@@ -210,7 +210,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100, help="optimizer steps (= rollouts) per contestant")
     ap.add_argument("--out", default="bench_out/grpo_vs_trl.json", help="where to write the results as JSON")
+    ap.add_argument("--seed", type=int, default=None, help="the run's seed (warm start, sampling, TRL's seed); "
+                    "default: the experiment's")
     args = ap.parse_args()
+    if args.seed is not None:
+        BASE_OVERRIDES.append(f"seed={args.seed}")
     torch.set_num_threads(NUM_THREADS)
     from transformers.utils import logging as hf_logging
 
@@ -222,7 +226,7 @@ def main() -> None:
         ckpt = warm_started_checkpoint(tmp)
         start_acc = heldout_accuracy(load_checkpoint(ckpt)[0], ckpt)
         print(f"warm start done in {time.perf_counter() - t0:.1f}s; start accuracy {start_acc:.3f}", flush=True)
-        res = {"steps": args.steps, "start_accuracy": start_acc, "num_threads": NUM_THREADS}
+        res = {"steps": args.steps, "start_accuracy": start_acc, "num_threads": NUM_THREADS, "seed": args.seed}
         # slime_hydra's steps run in two halves around TRL's run, so that a drift in the machine's speed over the
         # few minutes (this 2-core VM's step times move by up to ~30% between minutes) weighs on both medians alike
         t0 = time.perf_counter()
