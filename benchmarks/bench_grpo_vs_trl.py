@@ -227,8 +227,7 @@ def main() -> None:
         start_acc = heldout_accuracy(load_checkpoint(ckpt)[0], ckpt)
         print(f"warm start done in {time.perf_counter() - t0:.1f}s; start accuracy {start_acc:.3f}", flush=True)
         res = {"steps": args.steps, "start_accuracy": start_acc, "num_threads": NUM_THREADS, "seed": args.seed}
-        # slime_hydra's steps run in two halves around TRL's run, so that a drift in the machine's speed over the
-        # few minutes (this 2-core VM's step times move by up to ~30% between minutes) weighs on both medians alike
+        # slime_hydra's steps in two halves around TRL's run (see the module docstring)
         t0 = time.perf_counter()
 
         def trl_between():

@@ -120,6 +120,6 @@ def test_megatron_speed_keys_are_validated_naming_the_keys():
     cfg = compose_run(["train=megatron", "cluster.device=cuda", "train.megatron.compile_layers=true",
                        "parallelism.recompute_granularity=selective", "parallelism.recompute_modules=[mlp]",
                        "train.megatron.log_probs_chunk_size=-1", "train.megatron.compile_log_probs=true",
-                       "train.adam_impl=fused"])  # validation touches no GPU: fine on CPU
+                       "train.adam_impl=foreach"])  # validation touches no GPU: fine on CPU (foreach: not the default)
     assert cfg.train.megatron.compile_layers and cfg.parallelism.recompute_modules == ["mlp"]
-    assert cfg.train.megatron.compile_log_probs and cfg.train.adam_impl == "fused"
+    assert cfg.train.megatron.compile_log_probs and cfg.train.adam_impl == "foreach"

@@ -180,4 +180,3 @@ def test_auto_resolves_at_validation():
     assert compose_run(["model=qwen2_5_7b"]).model.model_impl == "transformers"
     assert compose_run(["model=llama3_8b"]).model.model_impl == "transformers"  # llama3.1 rope scaling
     assert compose_run(["model=qwen3_4b"]).model.model_impl == "native"
-

@@ -41,8 +41,7 @@ def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
 def inverse_cdf_sample(probs: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
     """One index per row, drawn with probability probs[b] / probs[b].sum(): one uniform per row, on CPU ~4x
     cheaper than torch.multinomial (56 vs 234 us for [256, 14], 2 threads). [B, V] -> [B]."""
-    u = torch.rand(len(probs), generator=generator, dtype=torch.float64 if probs.dtype == torch.float64 else torch.float32,
-                   device=probs.device)
+    u = torch.rand(len(probs), generator=generator, dtype=torch.promote_types(probs.dtype, torch.float32), device=probs.device)
     return inverse_cdf(probs, u)
 
 
