@@ -1,27 +1,29 @@
 """Embedded slime_hydra GRPO default vs TRL's GRPOTrainer: wall time per step and held-out accuracy.
 
-Both contestants start from one SFT-warm-started checkpoint (slime_hydra's own warm start, saved
-with `save_pretrained`) and train for the same number of steps on the same tiny Qwen3, the same
-addition prompts (raw strings, no chat template), the same `math_reward`, 32 prompts x 8 samples
-per step, at most 6 new tokens (eos stops), temperature 1, the experiment's lr held constant (TRL has
-no cosine-to-min_lr schedule of the same shape), AdamW with the same
-betas/eps, grad clip 1, PPO clip 0.2, no KL, per-sequence token-mean loss, one optimizer step per
-rollout, all on CPU with 2 threads. Every TRL setting is derived from the composed slime_hydra
-config, so the two read one source of truth.
+Per seed, both contestants start from one SFT-warm-started checkpoint (slime_hydra's own warm start
+with that seed, saved with `save_pretrained`) and train for the same number of steps on the same tiny
+Qwen3, the same addition prompts (raw strings, no chat template), the same `math_reward`, 32 prompts x 8
+samples per step, at most 6 new tokens (eos stops), temperature 1, the experiment's lr held constant (TRL
+has no cosine-to-min_lr schedule of the same shape), AdamW with the same betas/eps, grad clip 1, PPO clip
+0.2, no KL, per-sequence token-mean loss, one optimizer step per rollout, all on CPU with 2 threads. Every
+TRL setting is derived from the composed slime_hydra config, so the two read one source of truth.
 
-Measured: the median wall seconds per step (slime_hydra's steps in two halves, before and after TRL's run,
-so that a drift in the machine's speed weighs on both alike). For slime_hydra that is `perf/step_time_s`
-(generate + reward + train + weight sync); for TRL it is on_step_begin -> on_step_end of its
-Trainer (generate + reward + train + optimizer step). Final models are scored by the same code:
-slime_hydra's greedy `evaluate` over a `LocalRollout` of the trained model (200 held-out prompts).
+Measured: the median wall seconds per step over every step of every seed (slime_hydra's steps of a seed in
+two halves, before and after TRL's run, so that a drift in the machine's speed weighs on both alike); their
+ratio is the speedup. For slime_hydra a step is `perf/step_time_s` (generate + reward + train + weight
+sync); for TRL it is on_step_begin -> on_step_end of its Trainer (generate + reward + train + optimizer
+step). Final models are scored by the same code: slime_hydra's greedy `evaluate` over a `LocalRollout` of
+the trained model (200 held-out prompts); accuracy is compared paired by seed (same warm start), as a mean
+difference with its standard error, because one seed's difference after 100 steps is mostly noise (the
+warm start alone lands anywhere from 0.05 to 0.6 across seeds).
 
 Left out: logging, checkpoint saving and eval time (outside both step timers); GPUs, vLLM/SGLang,
-multiple processes; repeated seeds (one run per contestant, so accuracy differences at small
-step counts are noise). The two are not bit-identical algorithms either: slime_hydra skips the
-backward pass for zero-advantage samples (which contribute no gradient), uses its own sampler and
-shuffling, and keeps a separate rollout copy of the weights; TRL samples with `model.generate`.
+multiple processes. The two are not bit-identical algorithms: slime_hydra skips the backward pass for
+zero-advantage samples (which contribute no gradient; so its steps are cheaper when few groups have mixed
+rewards), uses its own sampler and shuffling, and keeps a separate rollout copy of the weights; TRL
+samples with `model.generate`.
 
-Run: HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.bench_grpo_vs_trl --steps 100
+Run: HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.bench_grpo_vs_trl   (8 seeds x 100 steps, ~10 minutes)
 """
 
 from __future__ import annotations
@@ -41,21 +43,23 @@ import torch  # noqa: E402
 NUM_THREADS = 2
 BASE_OVERRIDES = ["logger=none", "logger.progress_bar=false", "train.lr_decay_style=constant"]
 EVAL_SET = "addition"
+NAMES = ("slime_hydra", "trl")
 TRL_LOSS_TYPES = {"sample_token_mean": "grpo", "token_mean": "dapo", "seq_mean_token_sum_norm": "dr_grpo"}
 
 
-def compose(extra: list[str]):
+def compose(extra: list[str], seed: int | None = None):
+    """The bench's composed config; `seed` overrides the experiment's."""
     from slime_hydra.config.preflight import compose_run
 
-    return compose_run(BASE_OVERRIDES + extra)
+    return compose_run(BASE_OVERRIDES + ([] if seed is None else [f"seed={seed}"]) + extra)
 
 
-def warm_started_checkpoint(path: Path) -> str:
+def warm_started_checkpoint(path: Path, seed: int | None = None) -> str:
     """The default experiment's SFT warm start (slime_hydra's `prepare`), saved as an HF checkpoint."""
     from slime_hydra.engine.build import build
     from slime_hydra.engine.loop import prepare
 
-    cfg = compose(["eval=none"])
+    cfg = compose(["eval=none"], seed)
     c = build(cfg, str(path / "warmstart_run"))
     prepare(cfg, c)
     c.trainer.save_hf(str(path / "ckpt"), c.tokenizer)
@@ -78,21 +82,21 @@ def heldout_accuracy(model: torch.nn.Module, ckpt: str) -> float:
     return metrics[f"eval/{EVAL_SET}/accuracy"]
 
 
-def load_checkpoint(ckpt: str):
+def load_checkpoint(ckpt: str, seed: int | None = None):
     from slime_hydra.models.build import build_model, build_tokenizer
 
-    cfg = compose([f"model.hf_checkpoint={ckpt}"])
+    cfg = compose([f"model.hf_checkpoint={ckpt}"], seed)
     tok = build_tokenizer(cfg.model)
     return build_model(cfg.model, tok, cfg.seed), tok, cfg
 
 
-def run_slime_hydra(ckpt: str, steps: int, out_dir: Path, between=None) -> dict:
+def run_slime_hydra(ckpt: str, steps: int, out_dir: Path, seed: int | None = None, between=None) -> dict:
     """build + run (not run_session: its summary drops the per-step values a median needs). With `between`, the
     steps run in two halves around it (the engine continues from `start_rollout`, as after a resume)."""
     from slime_hydra.engine.build import build
     from slime_hydra.engine.loop import run
 
-    cfg = compose([f"model.hf_checkpoint={ckpt}", "warmstart.steps=0", f"num_rollout={steps}", "eval=none"])
+    cfg = compose([f"model.hf_checkpoint={ckpt}", "warmstart.steps=0", f"num_rollout={steps}", "eval=none"], seed)
     assert cfg.warmstart.steps == 0, cfg.warmstart
     c = build(cfg, str(out_dir))
     cpu_s = 0.0
@@ -155,7 +159,7 @@ def trl_args(cfg, steps: int, out_dir: Path):
     )
 
 
-def run_trl(ckpt: str, steps: int, out_dir: Path) -> dict:
+def run_trl(ckpt: str, steps: int, out_dir: Path, seed: int | None = None) -> dict:
     from datasets import Dataset
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOTrainer
@@ -163,7 +167,7 @@ def run_trl(ckpt: str, steps: int, out_dir: Path) -> dict:
     from slime_hydra.engine.build import load_data
     from slime_hydra.rewards.verifiers import math_reward
 
-    model, tok, cfg = load_checkpoint(ckpt)
+    model, tok, cfg = load_checkpoint(ckpt, seed)
     train = load_data(cfg, tok)
     dataset = Dataset.from_list([{"prompt": p.text, "label": p.label} for p in train])  # raw strings: no chat template
     batch_rewards: list[float] = []
@@ -194,61 +198,92 @@ def finish(result: dict, ckpt: str) -> dict:
                      "heldout_accuracy": heldout_accuracy(model, ckpt)}
 
 
-def table(res: dict) -> str:
-    s, t = res["slime_hydra"], res["trl"]
-    rows = [("median step time (s)", "{:.3f}", "median_step_time_s"),
-            ("mean process CPU s / step", "{:.3f}", "cpu_s_per_step"),
-            ("train reward, last 10 steps", "{:.3f}", "train_reward_last10"),
-            (f"held-out accuracy ({EVAL_SET})", "{:.3f}", "heldout_accuracy")]
-    lines = [f"{'':<30}{'slime_hydra':>14}{'TRL GRPOTrainer':>18}", "-" * 62]
-    lines += [f"{name:<30}{fmt.format(s[k]):>14}{fmt.format(t[k]):>18}" for name, fmt, k in rows]
-    lines.append(f"{'steps trained':<30}{len(s['step_times_s']):>14}{len(t['step_times_s']):>18}")
+def bench_seed(seed: int, steps: int, tmp: Path) -> dict:
+    """One warm start (its own seed), then both contestants' `steps` from it; slime_hydra's in two halves."""
+    t0 = time.perf_counter()
+    ckpt = warm_started_checkpoint(tmp, seed)
+    start_acc = heldout_accuracy(load_checkpoint(ckpt, seed)[0], ckpt)
+    print(f"seed {seed}: warm start done in {time.perf_counter() - t0:.1f}s; start accuracy {start_acc:.3f}", flush=True)
+    res = {"seed": seed, "start_accuracy": start_acc}
+
+    def trl_between():
+        t1 = time.perf_counter()
+        res["trl"] = finish(run_trl(ckpt, steps, tmp / "trl", seed), ckpt)
+        print(f"seed {seed}: trl {steps} steps in {time.perf_counter() - t1:.1f}s", flush=True)
+
+    t0 = time.perf_counter()
+    res["slime_hydra"] = finish(run_slime_hydra(ckpt, steps, tmp / "slime_hydra", seed, between=trl_between), ckpt)
+    print(f"seed {seed}: slime_hydra {steps} steps (two halves around TRL's) done {time.perf_counter() - t0:.1f}s "
+          "after they began", flush=True)
+    res["speedup_vs_trl"] = res["trl"]["median_step_time_s"] / res["slime_hydra"]["median_step_time_s"]
+    return res
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Over seeds: the median of every step of every seed per contestant (their ratio is the speedup), mean held-out
+    accuracy per contestant, and the paired difference (slime_hydra - TRL, same warm start) with its standard error."""
+    out = {}
+    for name in NAMES:
+        steps_s = [t for r in runs for t in r[name]["step_times_s"]]
+        out[name] = {"median_step_time_s": statistics.median(steps_s),
+                     "heldout_accuracy_mean": statistics.fmean(r[name]["heldout_accuracy"] for r in runs)}
+    diffs = [r["slime_hydra"]["heldout_accuracy"] - r["trl"]["heldout_accuracy"] for r in runs]
+    out["heldout_accuracy_diff_mean"] = statistics.fmean(diffs)
+    out["heldout_accuracy_diff_se"] = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+    out["start_accuracy_mean"] = statistics.fmean(r["start_accuracy"] for r in runs)
+    out["speedup_vs_trl"] = out["trl"]["median_step_time_s"] / out["slime_hydra"]["median_step_time_s"]
+    return out
+
+
+def table(runs: list[dict], summary: dict) -> str:
+    head = f"{'seed':>6}{'start':>8}{'s/step slime_hydra':>20}{'s/step TRL':>12}{'speedup':>9}"
+    head += f"{'held-out slime_hydra':>22}{'held-out TRL':>14}{'train reward (last 10) s_h/TRL':>33}"
+    lines = [head, "-" * len(head)]
+    for r in runs:
+        s, t = r["slime_hydra"], r["trl"]
+        lines.append(f"{r['seed']:>6}{r['start_accuracy']:>8.3f}{s['median_step_time_s']:>20.3f}"
+                     f"{t['median_step_time_s']:>12.3f}{r['speedup_vs_trl']:>8.2f}x{s['heldout_accuracy']:>22.3f}"
+                     f"{t['heldout_accuracy']:>14.3f}{s['train_reward_last10']:>23.3f} / {t['train_reward_last10']:.3f}")
+    s, t = summary["slime_hydra"], summary["trl"]
+    lines.append("-" * len(head))
+    lines.append(f"{'all':>6}{summary['start_accuracy_mean']:>8.3f}{s['median_step_time_s']:>20.3f}"
+                 f"{t['median_step_time_s']:>12.3f}{summary['speedup_vs_trl']:>8.2f}x"
+                 f"{s['heldout_accuracy_mean']:>22.3f}{t['heldout_accuracy_mean']:>14.3f}")
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=100, help="optimizer steps (= rollouts) per contestant")
+    ap.add_argument("--steps", type=int, default=100, help="optimizer steps (= rollouts) per contestant per seed")
     ap.add_argument("--out", default="bench_out/grpo_vs_trl.json", help="where to write the results as JSON")
-    ap.add_argument("--seed", type=int, default=None, help="the run's seed (warm start, sampling, TRL's seed); "
-                    "default: the experiment's")
+    ap.add_argument("--seeds", type=int, nargs="+", default=None,
+                    help="one run per seed (its own warm start, sampling and TRL seed); default: the experiment's seed "
+                    "and the next seven")
     args = ap.parse_args()
-    if args.seed is not None:
-        BASE_OVERRIDES.append(f"seed={args.seed}")
+    seeds = args.seeds or [compose([]).seed + k for k in range(8)]
     torch.set_num_threads(NUM_THREADS)
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    with tempfile.TemporaryDirectory(prefix="bench_grpo_") as tmp:
-        tmp = Path(tmp)
-        t0 = time.perf_counter()
-        ckpt = warm_started_checkpoint(tmp)
-        start_acc = heldout_accuracy(load_checkpoint(ckpt)[0], ckpt)
-        print(f"warm start done in {time.perf_counter() - t0:.1f}s; start accuracy {start_acc:.3f}", flush=True)
-        res = {"steps": args.steps, "start_accuracy": start_acc, "num_threads": NUM_THREADS, "seed": args.seed}
-        # slime_hydra's steps in two halves around TRL's run (see the module docstring)
-        t0 = time.perf_counter()
-
-        def trl_between():
-            t1 = time.perf_counter()
-            res["trl"] = finish(run_trl(ckpt, args.steps, tmp / "trl"), ckpt)
-            print(f"trl: {args.steps} steps in {time.perf_counter() - t1:.1f}s", flush=True)
-
-        res["slime_hydra"] = finish(run_slime_hydra(ckpt, args.steps, tmp / "slime_hydra", between=trl_between), ckpt)
-        print(f"slime_hydra: {args.steps} steps (two halves around TRL's) done {time.perf_counter() - t0:.1f}s after "
-              "they began", flush=True)
-    res["speedup_vs_trl"] = res["trl"]["median_step_time_s"] / res["slime_hydra"]["median_step_time_s"]
-    print("\n" + table(res))
-    print(f"warm-start checkpoint held-out accuracy (both start here): {start_acc:.3f}")
-    print(f"speedup vs TRL: {res['speedup_vs_trl']:.2f}x")
-    load = max(res[n]["load_avg_1min_after"] for n in ("slime_hydra", "trl"))
+    runs = []
+    for seed in seeds:
+        with tempfile.TemporaryDirectory(prefix="bench_grpo_") as tmp:
+            runs.append(bench_seed(seed, args.steps, Path(tmp)))
+    summary = summarize(runs)
+    print("\n" + table(runs, summary))
+    print(f"\n{args.steps} steps per contestant per seed, {len(runs)} seeds; both start from each seed's warm start")
+    print(f"held-out accuracy, slime_hydra - TRL (paired by seed): {summary['heldout_accuracy_diff_mean']:+.3f} "
+          f"(standard error {summary['heldout_accuracy_diff_se']:.3f})")
+    print(f"speedup vs TRL: {summary['speedup_vs_trl']:.2f}x")
+    load = max(r[n]["load_avg_1min_after"] for r in runs for n in NAMES)
     if load > NUM_THREADS + 0.5:  # wall times count other processes' CPU use too
         print(f"warning: 1-min load average reached {load:.1f} on {NUM_THREADS} threads; other processes shared the "
               "CPU, so wall times are unreliable (CPU s/step is less affected)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2))
+    out.write_text(json.dumps({"steps": args.steps, "num_threads": NUM_THREADS, "runs": runs, "summary": summary},
+                              indent=2))
     print(f"wrote {out}")
 
 
