@@ -319,9 +319,14 @@ class TrainConfig:
 class WarmStartConfig:
     """A supervised warm start (slime's loss_type=sft_loss) before RL; steps=0 disables it."""
 
-    steps: int = 0
+    steps: int = 0  # SFT steps; with target_train_accuracy, the most it may take
     lr: float = 1e-3
     batch_size: int = 64
+    # Stop at the first check (every check_interval steps) where greedy accuracy on check_prompts training prompts
+    # (the reward's verifier) reaches this; null: always `steps`. Lands at one accuracy whatever the seed or numerics.
+    target_train_accuracy: Optional[float] = None
+    check_interval: int = 5
+    check_prompts: int = 256
     # {"_target_": "pkg.mod.fn", **kwargs}: fn(prompts, tokenizer, **kwargs) -> list[Sample] (tokens, response_length,
     # loss_mask); e.g. multi-turn demonstrations. Empty: `label + eos` after each prompt.
     custom_sft_samples: dict[str, Any] = field(default_factory=dict)

@@ -243,8 +243,19 @@ def check_run(cfg: RunConfig, problems: list[str]) -> None:
         v = _get(cfg, key)
         if v is not None and v < 1:
             problems.append(f"{key}={v} must be >= 1 or null")
-    if cfg.warmstart.steps < 0:
-        problems.append(f"warmstart.steps={cfg.warmstart.steps} must be >= 0")
+    w = cfg.warmstart
+    if w.steps < 0:
+        problems.append(f"warmstart.steps={w.steps} must be >= 0")
+    if w.target_train_accuracy is not None:
+        if not 0 < w.target_train_accuracy <= 1:
+            problems.append(f"warmstart.target_train_accuracy={w.target_train_accuracy} must be in (0, 1], or null to "
+                            "always take warmstart.steps")
+        if w.steps == 0:
+            problems.append("warmstart.target_train_accuracy is set but warmstart.steps=0 (no warm start): set "
+                            "warmstart.steps to the most steps it may take, or warmstart.target_train_accuracy=null")
+    for key in ("check_interval", "check_prompts"):
+        if getattr(w, key) < 1:
+            problems.append(f"warmstart.{key}={getattr(w, key)} must be >= 1")
     if cfg.load is not None and not Path(cfg.load).exists():
         problems.append(f"load={cfg.load}: no such checkpoint directory; point load at a directory written by save")
 

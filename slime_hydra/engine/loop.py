@@ -9,14 +9,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.engine import checkpoint as ckpt
 from slime_hydra.engine.build import Components, engine_state
 from slime_hydra.engine.report import Progress
 from slime_hydra.engine.collect import collect_rollout, rollout_plan, weight_lag_metrics, write_rollout_data
 from slime_hydra.engine.steps import advantages, evaluate, rollout_metrics
-from slime_hydra.engine.warmstart import warm_start
+from slime_hydra.engine.warmstart import run_warm_start
 
 
 def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[str, float]]]:
@@ -53,10 +52,7 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
 def prepare(cfg: RunConfig, c: Components) -> None:
     """Before the first rollout: warm start, reference snapshot, weight sync, eval at step 0."""
     if cfg.warmstart.steps:
-        t0 = time.perf_counter()
-        losses = warm_start(c.trainer, c.train_prompts, c.tokenizer, cfg.warmstart.steps, cfg.warmstart.batch_size,
-                            cfg.warmstart.lr, cfg.seed, load_target(cfg.warmstart.custom_sft_samples))
-        c.tracker.log_metrics({"warmstart/sft_loss": losses[-1], "perf/warmstart_time_s": time.perf_counter() - t0}, 0)
+        c.tracker.log_metrics(run_warm_start(cfg.warmstart, c, cfg.seed), 0)
     c.trainer.freeze_reference()
     c.rollout.update_weights(c.trainer.named_weights(), version=0)
     if c.eval_sets and not cfg.eval.skip_eval_before_train:
