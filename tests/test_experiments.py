@@ -63,6 +63,26 @@ def test_composed_config_matches_golden(name):
     assert golden_text(compose(name)[0]) == path.read_text(), f"{name} drifted from {path}; if intended, run `make golden`"
 
 
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_a_later_version_can_build_on_it(name, tmp_path, monkeypatch):
+    """A new version that lists this one in its defaults composes to the same config but its name (Hydra resolves a
+    relative default against the including file's group, so bases are named by absolute /experiment/... paths)."""
+    import shutil
+
+    from slime_hydra.config import preflight
+
+    conf = tmp_path / "conf"
+    shutil.copytree(ROOT / "conf", conf, symlinks=False)  # experiment/ is a link to experiments/: copy the files
+    later = conf / "experiment" / "later" / "v9.yaml"
+    later.parent.mkdir(parents=True)
+    later.write_text(f"# @package _global_\ndefaults:\n  - /experiment/{name}\n\nexperiment_name: later/v9\n")
+    base_text = golden_text(compose(name)[0])
+    monkeypatch.setattr(preflight, "CONF_DIR", conf)
+    derived, problems = compose("later/v9")
+    assert derived is not None, problems
+    assert golden_text(derived) == base_text.replace(f"experiment_name: {name}\n", "experiment_name: later/v9\n")
+
+
 def regenerate() -> None:
     for name in EXPERIMENTS:
         path = golden_path(name)
