@@ -276,7 +276,8 @@ def main() -> None:
             runs.append(bench_seed(seed, args.steps, Path(tmp)))
     summary = summarize(runs)
     print("\n" + table(runs, summary))
-    print(f"\n{args.steps} steps per contestant per seed, {len(runs)} seeds; both start from each seed's warm start")
+    print(f"\n{args.steps} steps per contestant per seed, {len(runs)} seeds; both start from each seed's warm start "
+          f"(stopped at greedy training accuracy {WARMSTART_TARGET})")
     print(f"held-out accuracy, slime_hydra - TRL (paired by seed): {summary['heldout_accuracy_diff_mean']:+.3f} "
           f"(standard error {summary['heldout_accuracy_diff_se']:.3f})")
     print(f"speedup vs TRL: {summary['speedup_vs_trl']:.2f}x")
