@@ -127,6 +127,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.calls[self.path] = self.calls.get(self.path, 0) + 1
         if self.path == "/slow":
             time.sleep(1.0)
+            return  # the client gave up after rm_timeout_s: nobody reads an answer (writing one may hit a closed socket)
         if self.path == "/error":
             self.send_response(500)
             self.end_headers()
