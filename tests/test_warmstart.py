@@ -10,7 +10,7 @@ from slime_hydra.config.preflight import compose_run
 from slime_hydra.config.schema import RewardConfig
 from slime_hydra.engine.build import build
 from slime_hydra.engine.loop import prepare
-from slime_hydra.engine.steps import EvalSet, evaluate
+from slime_hydra.engine.steps import EvalSet, evaluate, generate_groups
 from slime_hydra.engine.warmstart import accuracy_check, warm_start
 from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.rollout.local import LocalRollout
@@ -59,22 +59,13 @@ def test_accuracy_check_scores_the_trainers_current_weights_greedily(components)
     greedy = dataclasses.replace(c.sampling, top_k=1)
     own = LocalRollout(c.trainer.model, c.tokenizer, seed=0)
     exact = RewardScorer(RewardConfig(rm_type="exact_match"))
-    answers = [s.response for s in probe_samples(own, prompts, greedy)]
+    answers = [s.response for s in generate_groups(own, prompts, 1, greedy)]
     assert len(set(answers)) > 1 or answers[0], answers  # a real answer to compare against
     relabelled = [dataclasses.replace(p, label=a if i % 2 == 0 else a + "#") for i, (p, a) in enumerate(zip(prompts, answers))]
     before = evaluate(c.rollout, {"x": EvalSet(relabelled, greedy, 1, exact)}, 0)[0]["eval/x/accuracy"]
     assert before != 0.5  # the rollout's initial weights answer differently
     check = accuracy_check(c.trainer, c.rollout, relabelled, exact, c.sampling)  # c.sampling samples at temperature 1
     assert check() == 0.5
-
-
-def probe_samples(rollout, prompts, sampling):
-    from slime_hydra.aio import run_sync
-    from slime_hydra.data.source import prompt_group
-
-    samples = [s for i, p in enumerate(prompts) for s in prompt_group(p, i, 1)]
-    run_sync(rollout.generate(samples, sampling))
-    return samples
 
 
 def test_target_lands_in_a_band_where_a_fixed_step_count_does_not(tmp_path):

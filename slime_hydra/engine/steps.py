@@ -88,6 +88,13 @@ def eval_ks(n: int) -> list[int]:
     return sorted({k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= n} | {n})
 
 
+def generate_groups(rollout: RolloutBackend, prompts: list[Prompt], n: int, sampling: SamplingParams) -> list[Sample]:
+    """`n` fresh samples of each prompt (group i = prompts[i]), generated."""
+    samples = [s for i, p in enumerate(prompts) for s in prompt_group(p, i, n)]
+    run_sync(rollout.generate(samples, sampling))
+    return samples
+
+
 def evaluate(rollout: RolloutBackend, eval_sets: dict[str, EvalSet], step: int,
              sample_dir: Optional[Path] = None) -> tuple[dict[str, float], list[Path]]:
     """Metrics per dataset (accuracy = mean reward, pass@k, response length) and the sample files written."""
@@ -96,8 +103,7 @@ def evaluate(rollout: RolloutBackend, eval_sets: dict[str, EvalSet], step: int,
     for name, es in eval_sets.items():
         t0 = time.perf_counter()
         n = es.n_samples
-        samples = [s for i, p in enumerate(es.prompts) for s in prompt_group(p, i, n)]
-        run_sync(rollout.generate(samples, es.sampling))
+        samples = generate_groups(rollout, es.prompts, n, es.sampling)
         es.scorer.score(samples)
         correct = [sum(s.reward > 0 for s in samples[i * n:(i + 1) * n]) for i in range(len(es.prompts))]
         metrics[f"eval/{name}/accuracy"] = sum(s.reward for s in samples) / len(samples)
