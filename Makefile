@@ -13,7 +13,12 @@ export TOKENIZERS_PARALLELISM := false
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
 
+NEED_GB := 13
+
 $(STAMP): pyproject.toml
+	@free=$$(df -Pk . | awk 'NR==2 {print int($$4 / 1048576)}'); if [ "$$free" -lt $(NEED_GB) ]; then \
+	  echo "make: the install needs about $(NEED_GB) GB free here ($(CURDIR)); df reports $$free GB." \
+	       "Free space (old clones' .venv folders, /tmp) and rerun." >&2; exit 2; fi
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -e '.[bench]'
 	rm -f $(VENV)/.installed-* && touch $@

@@ -31,6 +31,7 @@ _MLFLOW_TEMPLATE: list[Path] = []
 def mlflow_db(path: Path) -> str:
     """A real, empty MLflow sqlite store at `path`; returns its tracking URI. The store's schema migrations
     (~4 s) run once per session into a template that each call copies."""
+    import atexit
     import shutil
     import tempfile
 
@@ -38,6 +39,7 @@ def mlflow_db(path: Path) -> str:
         from mlflow.tracking import MlflowClient
 
         template = Path(tempfile.mkdtemp(prefix="mlflow_template_")) / "mlflow.db"
+        atexit.register(shutil.rmtree, template.parent, ignore_errors=True)
         MlflowClient(f"sqlite:///{template}").search_experiments()  # creates the tables
         _MLFLOW_TEMPLATE.append(template)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
@@ -15,12 +16,22 @@ def mlflow_key(name: str) -> str:
     return name.replace("@", "_at_")
 
 
+def artifact_root(tracking_uri: str) -> str | None:
+    """Where a new experiment's artifacts go. For a sqlite store: `mlruns/` beside the database file, so a run's
+    artifacts stay with its metrics wherever the process runs (MLflow's own default is `./mlruns` in the current
+    directory). Other stores (a tracking server) decide for themselves: None."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    db = Path(tracking_uri[len("sqlite:///"):]).resolve()
+    return (db.parent / "mlruns").as_uri()
+
+
 class MLflowTracker:
     def __init__(self, tracking_uri: str, experiment: str, run_name: str, resume_run_id: str | None = None,
                  parent_run_id: str | None = None):
         self.client = MlflowClient(tracking_uri=tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+        exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment, artifact_location=artifact_root(tracking_uri))
         if resume_run_id:
             self.run_id = resume_run_id
             self.client.update_run(resume_run_id, status="RUNNING")

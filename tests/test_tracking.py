@@ -1,0 +1,37 @@
+"""MLflowTracker against a real sqlite store: where a run's artifacts land."""
+
+from __future__ import annotations
+
+from mlflow.tracking import MlflowClient
+
+from slime_hydra.tracking.mlflow_tracker import MLflowTracker
+from tests.conftest import mlflow_db
+
+
+def test_artifacts_land_beside_the_sqlite_store_not_in_the_working_directory(tmp_path, monkeypatch):
+    uri = mlflow_db(tmp_path / "store" / "mlflow.db")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # a run started from another directory (MLflow's default root is ./mlruns)
+    summary = tmp_path / "summary.json"
+    summary.write_text('{"eval/addition/accuracy": 0.9}')
+
+    t = MLflowTracker(uri, "exp", "run")
+    t.log_artifact(str(summary))
+    t.close()
+
+    assert list(elsewhere.iterdir()) == []
+    root = tmp_path / "store" / "mlruns"
+    (stored,) = root.rglob("summary.json")
+    assert stored.read_text() == summary.read_text()
+    run = MlflowClient(uri).get_run(t.run_id)
+    assert run.info.artifact_uri.startswith(root.as_uri())
+
+
+def test_a_relative_sqlite_store_keeps_its_artifacts_in_the_working_directory(tmp_path, monkeypatch):
+    mlflow_db(tmp_path / "mlruns.db")
+    monkeypatch.chdir(tmp_path)
+    t = MLflowTracker("sqlite:///mlruns.db", "exp", "run")  # the logger group's default URI
+    t.log_artifact(str(tmp_path / "mlruns.db"), "copy")
+    t.close()
+    assert (tmp_path / "mlruns").is_dir() and len(list((tmp_path / "mlruns").rglob("mlruns.db"))) == 1
