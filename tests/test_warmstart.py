@@ -60,7 +60,6 @@ def test_accuracy_check_scores_the_trainers_current_weights_greedily(components)
     own = LocalRollout(c.trainer.model, c.tokenizer, seed=0)
     exact = RewardScorer(RewardConfig(rm_type="exact_match"))
     answers = [s.response for s in generate_groups(own, prompts, 1, greedy)]
-    assert len(set(answers)) > 1 or answers[0], answers  # a real answer to compare against
     relabelled = [dataclasses.replace(p, label=a if i % 2 == 0 else a + "#") for i, (p, a) in enumerate(zip(prompts, answers))]
     before = evaluate(c.rollout, {"x": EvalSet(relabelled, greedy, 1, exact)}, 0)[0]["eval/x/accuracy"]
     assert before != 0.5  # the rollout's initial weights answer differently
