@@ -16,12 +16,12 @@ def test_artifacts_land_beside_the_sqlite_store_not_in_the_working_directory(tmp
     summary = tmp_path / "summary.json"
     summary.write_text('{"eval/addition/accuracy": 0.9}')
 
-    t = MLflowTracker(uri, "exp", "run")
+    t = MLflowTracker(uri, "grpo/exp", "run")
     t.log_artifact(str(summary))
     t.close()
 
     assert list(elsewhere.iterdir()) == []
-    root = tmp_path / "store" / "mlruns"
+    root = tmp_path / "store" / "mlruns" / "grpo_exp"  # one folder per experiment, named after it
     (stored,) = root.rglob("summary.json")
     assert stored.read_text() == summary.read_text()
     run = MlflowClient(uri).get_run(t.run_id)
@@ -34,4 +34,4 @@ def test_a_relative_sqlite_store_keeps_its_artifacts_in_the_working_directory(tm
     t = MLflowTracker("sqlite:///mlruns.db", "exp", "run")  # the logger group's default URI
     t.log_artifact(str(tmp_path / "mlruns.db"), "copy")
     t.close()
-    assert (tmp_path / "mlruns").is_dir() and len(list((tmp_path / "mlruns").rglob("mlruns.db"))) == 1
+    assert len(list((tmp_path / "mlruns" / "exp").rglob("mlruns.db"))) == 1

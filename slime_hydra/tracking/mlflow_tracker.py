@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -16,14 +17,14 @@ def mlflow_key(name: str) -> str:
     return name.replace("@", "_at_")
 
 
-def artifact_root(tracking_uri: str) -> str | None:
-    """Where a new experiment's artifacts go. For a sqlite store: `mlruns/` beside the database file, so a run's
-    artifacts stay with its metrics wherever the process runs (MLflow's own default is `./mlruns` in the current
-    directory). Other stores (a tracking server) decide for themselves: None."""
+def artifact_root(tracking_uri: str, experiment: str) -> str | None:
+    """Where a new experiment's artifacts go. For a sqlite store: `mlruns/<experiment>/` beside the database file,
+    so a run's artifacts stay with its metrics wherever the process runs (MLflow's own default is
+    `./mlruns/<experiment id>/` in the current directory). Other stores (a tracking server) decide: None."""
     if not tracking_uri.startswith("sqlite:///"):
         return None
     db = Path(tracking_uri[len("sqlite:///"):]).resolve()
-    return (db.parent / "mlruns").as_uri()
+    return (db.parent / "mlruns" / re.sub(r"[^A-Za-z0-9._-]", "_", experiment)).as_uri()
 
 
 class MLflowTracker:
@@ -31,7 +32,7 @@ class MLflowTracker:
                  parent_run_id: str | None = None):
         self.client = MlflowClient(tracking_uri=tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment, artifact_location=artifact_root(tracking_uri))
+        exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment, artifact_location=artifact_root(tracking_uri, experiment))
         if resume_run_id:
             self.run_id = resume_run_id
             self.client.update_run(resume_run_id, status="RUNNING")
