@@ -28,7 +28,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Optional
 
-from slime_hydra.config.plugins import import_target
+from slime_hydra.config.plugins import check_target, import_target
 from slime_hydra.types import Sample, SamplingParams, Status
 
 HOOK_KWARGS = ("generate", "tokenizer", "sampling", "max_turns")
@@ -77,8 +77,6 @@ def check_generate(key: str, spec: Any, problems: list[str]) -> None:
                         f"fn(sample, {', '.join(f'{k}=...' for k in HOOK_KWARGS)}{''.join(f', {k}=...' for k in kwargs)}) ({e})")
     for name, value in kwargs.items():
         if isinstance(value, dict) and "_target_" in value:
-            from slime_hydra.config.validate import check_target
-
             check_target(f"{key}.{name}", value, 0, problems)
 
 

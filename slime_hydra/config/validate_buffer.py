@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from slime_hydra.config.plugins import check_target
 from slime_hydra.config.schema import RunConfig
 
 TRAIN_MODES = ("sync", "async")
@@ -37,8 +38,6 @@ def derive_num_rollout(cfg: RunConfig, problems: list[str], notes: list[str]) ->
 
 
 def check_buffer(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
-    from slime_hydra.config.validate import check_target
-
     cfg.rollout = r = dataclasses.replace(cfg.rollout)
     if r.over_sampling_batch_size is None:
         r.over_sampling_batch_size = r.rollout_batch_size
