@@ -10,7 +10,6 @@ from slime_hydra.types import Sample
 
 def collate(samples: list[Sample], advantages: torch.Tensor, pad_id: int) -> TrainBatch:
     """advantages: [N] per sample (broadcast to response tokens) or [N, T] per token."""
-    n = len(samples)
     t1 = max(len(s.tokens) for s in samples)  # T + 1
     ids, attn, mask, rlp = [], [], [], []  # rows as lists: one tensor per field, not per sample
     for s in samples:
