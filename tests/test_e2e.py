@@ -72,7 +72,7 @@ def test_mlflow_run_has_params_metrics_tags_artifacts(learned_run):
     history = client.get_metric_history(run.info.run_id, "rollout/reward_mean")
     assert sorted(m.step for m in history) == list(range(1, 101))
     assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/addition/accuracy")] == [0, 50, 100]
-    assert run.data.tags["experiment_name"] == "grpo/qwen3-tiny-addition-cpu-local-torch-v3"
+    assert run.data.tags["experiment_name"] == "grpo/qwen3-tiny-addition-cpu-local-torch-v4"
     assert "num_rollout=100" in run.data.tags["overrides"] and len(run.data.tags["git_sha"]) >= 7
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"composed_config.yaml", "reward_curve.png", "summary.json"} <= artifacts

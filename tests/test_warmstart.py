@@ -40,6 +40,19 @@ def test_stops_at_the_first_check_that_reaches_the_target(components):
     assert (res.steps, res.train_accuracy, len(calls)) == (15, 0.45, 3)  # checks after steps 5, 10, 15
 
 
+def test_min_steps_puts_a_floor_under_the_stop(components):
+    cfg, c = components
+    calls = []
+
+    def check():  # would stop at the very first check
+        calls.append(len(calls))
+        return 0.9
+
+    res = warm_start(c.trainer, c.train_prompts, c.tokenizer, steps=40, batch_size=8, lr=1e-3, seed=0, check=check,
+                     check_interval=5, target=0.4, min_steps=12)
+    assert (res.steps, res.train_accuracy, len(calls)) == (15, 0.9, 1)  # no check after 5 or 10; the first after 15
+
+
 def test_takes_every_step_without_a_target_or_when_it_is_never_reached(components):
     cfg, c = components
     res = warm_start(c.trainer, c.train_prompts, c.tokenizer, steps=7, batch_size=8, lr=1e-3, seed=0,
@@ -85,6 +98,10 @@ def test_bad_warm_start_keys_are_config_errors():
     text = "\n".join(problems_of(["warmstart.target_train_accuracy=1.5", "warmstart.check_interval=0"]))
     assert "warmstart.target_train_accuracy=1.5 must be in (0, 1]" in text
     assert "warmstart.check_interval=0 must be >= 1" in text
-    (msg,) = problems_of(["warmstart.steps=0", "warmstart.target_train_accuracy=0.3"])
-    assert "set warmstart.steps" in msg
+    # steps=0 switches the warm start off, target and floor included (e.g. FAST on an experiment that sets both)
+    assert compose_run(["warmstart.steps=0", "warmstart.target_train_accuracy=0.3", "warmstart.min_steps=300"]).warmstart.steps == 0
+    (msg,) = problems_of(["warmstart.steps=100", "warmstart.target_train_accuracy=null", "warmstart.min_steps=50"])
+    assert "set a target or warmstart.min_steps=0" in msg
+    (msg,) = problems_of(["warmstart.steps=100", "warmstart.target_train_accuracy=0.3", "warmstart.min_steps=150"])
+    assert "warmstart.min_steps=150 must be in [0, warmstart.steps=100]" in msg
 

@@ -317,7 +317,7 @@ class TrainConfig:
 
 @dataclass
 class WarmStartConfig:
-    """A supervised warm start (slime's loss_type=sft_loss) before RL; steps=0 disables it."""
+    """A supervised warm start (slime's loss_type=sft_loss) before RL; steps=0 disables it (and its checks)."""
 
     steps: int = 0  # SFT steps; with target_train_accuracy, the most it may take
     lr: float = 1e-3
@@ -325,6 +325,7 @@ class WarmStartConfig:
     # Stop at the first check (every check_interval steps) where greedy accuracy on check_prompts training prompts
     # (the reward's verifier) reaches this; null: always `steps`. Lands at one accuracy whatever the seed or numerics.
     target_train_accuracy: Optional[float] = None
+    min_steps: int = 0  # with target_train_accuracy: no check before this many steps (a floor under the stop)
     check_interval: int = 5
     check_prompts: int = 256
     # {"_target_": "pkg.mod.fn", **kwargs}: fn(prompts, tokenizer, **kwargs) -> list[Sample] (tokens, response_length,

@@ -179,13 +179,16 @@ def check_run(cfg: RunConfig, problems: list[str]) -> None:
     w = cfg.warmstart
     if w.steps < 0:
         problems.append(f"warmstart.steps={w.steps} must be >= 0")
-    if w.target_train_accuracy is not None:
-        if not 0 < w.target_train_accuracy <= 1:
-            problems.append(f"warmstart.target_train_accuracy={w.target_train_accuracy} must be in (0, 1], or null to "
-                            "always take warmstart.steps")
-        if w.steps == 0:
-            problems.append("warmstart.target_train_accuracy is set but warmstart.steps=0 (no warm start): set "
-                            "warmstart.steps to the most steps it may take, or warmstart.target_train_accuracy=null")
+    if w.target_train_accuracy is not None and not 0 < w.target_train_accuracy <= 1:
+        problems.append(f"warmstart.target_train_accuracy={w.target_train_accuracy} must be in (0, 1], or null to "
+                        "always take warmstart.steps")
+    if w.steps > 0 and w.min_steps:  # steps=0: no warm start, so nothing below applies
+        if w.target_train_accuracy is None:
+            problems.append(f"warmstart.min_steps={w.min_steps} only delays the target's checks, and "
+                            "warmstart.target_train_accuracy is null; set a target or warmstart.min_steps=0")
+        elif not 0 <= w.min_steps <= w.steps:
+            problems.append(f"warmstart.min_steps={w.min_steps} must be in [0, warmstart.steps={w.steps}] (the cap); "
+                            "lower it or raise warmstart.steps")
     for key in ("check_interval", "check_prompts"):
         if getattr(w, key) < 1:
             problems.append(f"warmstart.{key}={getattr(w, key)} must be >= 1")

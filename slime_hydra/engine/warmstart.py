@@ -48,9 +48,9 @@ class WarmStartResult:
 def warm_start(trainer: TrainBackend, prompts: list[Prompt], tokenizer, steps: int, batch_size: int, lr: float,
                seed: int, custom_sft_samples: Optional[Callable[..., list[Sample]]] = None,
                check: Optional[Callable[[], float]] = None, check_interval: int = 1,
-               target: Optional[float] = None) -> WarmStartResult:
-    """At most `steps` SFT steps; with `target`, stop at the first check (every `check_interval` steps) whose
-    `check()` (e.g. greedy training accuracy) reaches it.
+               target: Optional[float] = None, min_steps: int = 0) -> WarmStartResult:
+    """At most `steps` SFT steps; with `target`, stop at the first check (every `check_interval` steps, from
+    `min_steps` on) whose `check()` (e.g. greedy training accuracy) reaches it.
     custom_sft_samples (warmstart.custom_sft_samples): fn(prompts, tokenizer) -> samples with their own loss masks."""
     samples = (custom_sft_samples or sft_samples)(prompts, tokenizer)
     rng = random.Random(seed)
@@ -58,7 +58,7 @@ def warm_start(trainer: TrainBackend, prompts: list[Prompt], tokenizer, steps: i
     for step in range(1, steps + 1):
         batch = rng.sample(samples, min(batch_size, len(samples)))
         out.losses.append(trainer.sft_step(collate(batch, torch.zeros(len(batch)), tokenizer.pad_token_id), lr))
-        if target is not None and step % check_interval == 0:
+        if target is not None and step >= min_steps and step % check_interval == 0:
             out.train_accuracy = check()
             if out.train_accuracy >= target:
                 break
@@ -87,7 +87,7 @@ def run_warm_start(w: WarmStartConfig, c, seed: int) -> dict[str, float]:
         prompts = random.Random(seed).sample(c.train_prompts, min(w.check_prompts, len(c.train_prompts)))
         check = accuracy_check(c.trainer, c.rollout, prompts, c.scorer, c.sampling)
     res = warm_start(c.trainer, c.train_prompts, c.tokenizer, w.steps, w.batch_size, w.lr, seed,
-                     load_target(w.custom_sft_samples), check, w.check_interval, w.target_train_accuracy)
+                     load_target(w.custom_sft_samples), check, w.check_interval, w.target_train_accuracy, w.min_steps)
     metrics = {"warmstart/sft_loss": res.losses[-1], "warmstart/steps": float(res.steps),
                "perf/warmstart_time_s": time.perf_counter() - t0}
     if res.train_accuracy is not None:
