@@ -214,6 +214,9 @@ class DataConfig:
     tool_key: Optional[str] = None  # slime's --tool-key: a row's tool list, passed to the chat template as tools=
     apply_chat_template: bool = False
     rollout_max_prompt_len: Optional[int] = None  # longer prompts are dropped at load time
+    # a row that fails its checks (encoding, JSON, field types; eval files too): error stops the run with
+    # every problem's file:line | skip drops it with a warning, counted in data/skipped_rows
+    on_bad_row: str = "error"
 
 
 @dataclass

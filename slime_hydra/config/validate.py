@@ -31,6 +31,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.attn_implementation": ("sdpa", "eager"),
     "model.model_impl": ("transformers", "native", "auto"),
     "reward.rm_on_failure": ("zero", "raise"),
+    "data.on_bad_row": ("error", "skip"),
     "cluster.device": ("auto", "cpu", "cuda"),
     "model.tokenizer": ("char", "char_tools"),
     "cluster.backend": ("local", "ray"),
@@ -202,7 +203,7 @@ def check_data(cfg: RunConfig, problems: list[str]) -> None:
             problems.append(f"{key} is not set; set it to a jsonl file of {{\"{cfg.data.input_key}\": ..., \"{cfg.data.label_key}\": ...}} lines")
         elif not Path(path).is_file():
             problems.append(f"{key}={path}: file not found; set {key} to an existing jsonl file")
-        elif Path(path).stat().st_size == 0 or not any(line.strip() for line in open(path)):
+        elif Path(path).stat().st_size == 0 or (not path.endswith(".parquet") and not any(line.strip() for line in open(path, "rb"))):
             problems.append(f"{key}={path}: the file is empty; it needs one JSON object per line")
 
     one("data.prompt_data", cfg.data.prompt_data)

@@ -1,7 +1,8 @@
 """Validation of the data buffer, dynamic sampling, partial rollout and the async train mode.
 
 Also derives `num_rollout` from `num_epoch` (slime: num_epoch × dataset size // rollout_batch_size,
-counting the jsonl's non-empty lines; prompts dropped later by `data.rollout_max_prompt_len` still count)
+counting the jsonl's non-empty lines or the parquet's rows; prompts dropped later by
+`data.rollout_max_prompt_len` or `data.on_bad_row=skip` still count)
 and, in async mode or with partial rollout, turns on the rollout's recorded log-probs as the old
 policy, so the importance ratio is taken against the weights that generated each token.
 """
@@ -30,11 +31,26 @@ def derive_num_rollout(cfg: RunConfig, problems: list[str], notes: list[str]) ->
     path = cfg.data.prompt_data
     if not path or not Path(path).is_file():
         return  # check_data reports the missing file
-    with open(path) as f:
-        n = sum(1 for line in f if line.strip())
+    n = count_rows(path, problems)
+    if n is None:
+        return
     cfg.num_rollout = cfg.num_epoch * n // cfg.rollout.rollout_batch_size
     notes.append(f"num_rollout = num_epoch × prompts // rollout.rollout_batch_size = {cfg.num_epoch} × {n} // "
                  f"{cfg.rollout.rollout_batch_size} = {cfg.num_rollout}")
+
+
+def count_rows(path: str, problems: list[str]) -> int | None:
+    """Rows of a jsonl (non-blank lines, read as bytes: the loader reports bad encodings) or parquet file."""
+    if not path.endswith(".parquet"):
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    try:
+        import pyarrow.parquet as pq  # lazy: only parquet files need it
+
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception as e:  # noqa: BLE001 - any reader failure is the same fix
+        problems.append(f"data.prompt_data={path}: not a readable parquet file ({e}); rewrite it, or give a jsonl file")
+        return None
 
 
 def check_buffer(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:

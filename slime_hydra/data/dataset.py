@@ -1,16 +1,15 @@
-"""Loads slime-format jsonl prompt files: one JSON object per line with an input and a label.
+"""Loads slime-format prompt files (jsonl, or parquet): one object per row with an input and a label.
 
-Every problem names the file, the line and the key to fix. Chat-list prompts are rendered with
-the tokenizer's chat template when `apply_chat_template` is on.
+Every row is checked as it loads (rows.py); every problem names the file, the line and the key to fix.
+Chat-list prompts are rendered with the tokenizer's chat template when `apply_chat_template` is on.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
+from slime_hydra.data.rows import RowKeys, read_rows
 from slime_hydra.errors import DataError
 
 
@@ -23,33 +22,11 @@ class Prompt:
     metadata: dict = field(default_factory=dict)
 
 
-def read_jsonl(path: str, input_key: str, label_key: Optional[str], metadata_key: str, what: str,
-               tool_key: Optional[str] = None) -> list[dict]:
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"{what}: file not found: {path}; set it to an existing jsonl file")
-    rows = []
-    with open(p) as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno}); fix or remove this line") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
-            for key, cfg_key in ((input_key, "input_key"), (label_key, "label_key")):
-                if key is not None and key not in row:
-                    raise DataError(
-                        f"{path}:{lineno}: missing key {key!r} (data.{cfg_key}); keys on this line: "
-                        f"{sorted(row)}; set data.{cfg_key} to one of them"
-                    )
-            rows.append({"prompt": row[input_key], "label": None if label_key is None else row[label_key],
-                         "metadata": row.get(metadata_key) or {}, "tools": row.get(tool_key) if tool_key else None})
-    if not rows:
-        raise DataError(f"{what}: {path} holds no samples; point it at a non-empty jsonl file")
-    return rows
+class PromptList(list):
+    """The prompts of one file; a plain list to every reader, which also carries how many bad rows
+    data.on_bad_row=skip dropped (logged as a metric)."""
+
+    skipped_rows: int = 0
 
 
 def load_prompts(
@@ -62,18 +39,24 @@ def load_prompts(
     max_prompt_len: Optional[int] = None,
     what: str = "data.prompt_data",
     tool_key: Optional[str] = None,
-) -> list[Prompt]:
-    prompts = []
-    for row in read_jsonl(path, input_key, label_key, metadata_key, what, tool_key):
+    on_bad_row: str = "error",
+    key_prefix: str = "data",
+) -> PromptList:
+    """Checked, rendered and tokenized prompts; key_prefix names the config group of input_key/label_key."""
+    read = read_rows(path, RowKeys(input_key, label_key, metadata_key, tool_key, key_prefix), what, on_bad_row)
+    prompts = PromptList()
+    prompts.skipped_rows = len(read.skipped)
+    for row in read.rows:
         raw = row["prompt"]
         if apply_chat_template:
-            messages = raw if isinstance(raw, list) else [{"role": "user", "content": str(raw)}]
+            messages = raw if isinstance(raw, list) else [{"role": "user", "content": raw}]
             tools = {"tools": row["tools"]} if row["tools"] else {}  # data.tool_key: the template lists the tools
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **tools)
         elif isinstance(raw, list):
-            raise DataError(f"{path}: chat-list prompts need data.apply_chat_template=true")
+            raise DataError(f"{path}:{row['line']}: {input_key!r} is a chat list of messages, which needs the chat "
+                            "template; set data.apply_chat_template=true")
         else:
-            text = str(raw)
+            text = raw
         tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
         if max_prompt_len is not None and len(tokens) > max_prompt_len:
             continue

@@ -70,7 +70,8 @@ def load_data(cfg: RunConfig, tokenizer) -> list[Prompt]:
     d = cfg.data
     return load_prompts(d.prompt_data, tokenizer, input_key=d.input_key, label_key=d.label_key,
                         metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template,
-                        max_prompt_len=d.rollout_max_prompt_len, what="data.prompt_data", tool_key=d.tool_key)
+                        max_prompt_len=d.rollout_max_prompt_len, what="data.prompt_data", tool_key=d.tool_key,
+                        on_bad_row=d.on_bad_row)
 
 
 def build_eval_sets(cfg: RunConfig, tokenizer, sampling: SamplingParams) -> dict[str, EvalSet]:
@@ -79,7 +80,7 @@ def build_eval_sets(cfg: RunConfig, tokenizer, sampling: SamplingParams) -> dict
         prompts = load_prompts(ds.path, tokenizer, input_key=ds.input_key, label_key=ds.label_key,
                                metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template,
                                max_prompt_len=d.rollout_max_prompt_len, what=f"eval.eval_prompt_data.{name}",
-                               tool_key=d.tool_key)
+                               tool_key=d.tool_key, on_bad_row=d.on_bad_row, key_prefix=f"eval.eval_prompt_data.{name}")
         scorer = RewardScorer(dataclasses.replace(cfg.reward, rm_type=ds.rm_type), cfg.eval.eval_reward_key)
         sets[name] = EvalSet(prompts, eval_sampling(ds, sampling), ds.n_samples_per_eval_prompt, scorer)
     return sets
