@@ -137,11 +137,13 @@ def test_same_layout_resume_from_megatron_checkpoint_is_exact(single):
     assert got["steps_done"] == 4  # 2 rollouts x num_steps_per_rollout=2
 
 
-@pytest.mark.slow  # ~20 s here (the engine's first imports, two builds, three dist checkpoint saves)
-def test_engine_resume_through_megatron_checkpoints_is_exact(single, tmp_path):
+@pytest.mark.slow  # ~20 s each here (the engine's first imports, two builds, three dist checkpoint saves)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_engine_resume_through_megatron_checkpoints_is_exact(single, tmp_path, dtype):
     """The engine's save/load with train=megatron go through dist_checkpointing (<ckpt>/megatron/, nothing of the
     trainer in state.pt): 2 rollouts uninterrupted vs resuming from the rollout-0 checkpoint give the same
-    metrics at every rollout and bit-identical final weights (so Adam's moments and step counts came back too)."""
+    metrics at every rollout and bit-identical final weights (so Adam's moments and step counts came back too),
+    in fp32 and in bf16 (mixed precision: fp32 main params and moments in the checkpoint)."""
     from safetensors.torch import load_file
 
     from slime_hydra.config.preflight import compose_run
@@ -152,7 +154,7 @@ def test_engine_resume_through_megatron_checkpoints_is_exact(single, tmp_path):
     def run(name, extra):
         cfg = compose_run(FAST + ["train=megatron", "logger=none", "seed=5", "num_rollout=2", "save_interval=1",
                                   "rollout.rollout_batch_size=4", "train.micro_batch_size=null",
-                                  "eval.skip_eval_before_train=true", *extra])
+                                  "eval.skip_eval_before_train=true", f"model.dtype={dtype}", *extra])
         run_session(cfg, str(tmp_path / name), extra)
         return tmp_path / name / "checkpoints"
 
@@ -257,3 +259,41 @@ def workers_root():
     from tests.conftest import ROOT
 
     return ROOT
+
+
+@pytest.mark.parametrize("distributed", [False, True], ids=["optimizer", "distributed_optimizer"])
+def test_bf16_model_is_bf16_and_resumes_exactly(distributed, tmp_path):
+    """model.dtype=bfloat16, megatron's mixed precision: every model parameter bf16 (the norms too), fp32 main params and
+    Adam moments in the optimizer; a checkpoint after rollout 1 resumed into a fresh backend gives rollout 2's metrics and
+    log-probs bit-identical to the uninterrupted run, with the default and the distributed optimizer. Before the norms
+    were cast (they stayed fp32) the first save raised megatron's `ValueError: Param id 17 does not match any model sharded param`."""
+    from safetensors import safe_open
+
+    shim.install()
+    cfg, _, hf = workers.tiny_setup(["model.dtype=bfloat16"])
+    assert {p.dtype for p in hf.parameters()} == {torch.bfloat16}
+    par = {"use_distributed_optimizer": distributed}
+    full = workers.run_layout(cfg, hf, par, str(tmp_path), "bf16")
+    got = workers.resume_layout(cfg, hf, par, str(tmp_path / "bf16_ckpt"))
+    for res in (full, got):
+        d = res["dtypes"]
+        assert d["model"] == {torch.bfloat16} and d["main"] == d["moments"] == {torch.float32}, d
+        assert d["num_moments"] == 2 * d["num_main"]  # exp_avg and exp_avg_sq for every main parameter
+    assert torch.equal(got["loaded"], full["after"]) and torch.equal(got["after2"], full["after2"])
+    assert got["metrics2"] == full["metrics2"]  # every train/ metric of rollout 2, bit for bit
+    assert (full["after2"] - full["after"]).abs().max() > 1e-3  # rollout 2 moved the weights
+    assert got["steps_done"] == 4
+    with safe_open(tmp_path / "bf16_hf_before" / "model.safetensors", "pt") as f:  # megatron_to_hf: model.dtype
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+
+
+@pytest.mark.parametrize("distributed", [False, True], ids=["optimizer", "distributed_optimizer"])
+def test_bf16_rl_optimizer_starts_from_the_warm_started_weights(distributed):
+    """bf16: the RL optimizer's fp32 main params are copies taken when the backend was built; the SFT warm start moves
+    the model after that. An RL rollout at lr 0 must leave the warm-started weights as they are (bit for bit), not
+    write the pre-warm-start copies back (end_warm_start reloads them)."""
+    shim.install()
+    cfg, _, hf = workers.tiny_setup(["model.dtype=bfloat16"])
+    res = workers.warm_start_then_still_step(cfg, hf, {"use_distributed_optimizer": distributed})
+    assert (res["warm"] - res["before"]).abs().max() > 1e-2  # the warm start moved the weights
+    assert torch.equal(res["after"], res["warm"])

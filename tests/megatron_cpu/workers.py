@@ -57,8 +57,9 @@ def run_layout(cfg, hf, parallel, out_dir: str, tag: str) -> dict:
     metrics = b.train_rollout(batch)
     after = b.compute_log_probs(batch)
     b.save_checkpoint(os.path.join(out_dir, f"{tag}_ckpt"))  # megatron dist checkpoint after one rollout
-    b.train_rollout(batch)
-    return {"before": before, "after": after, "metrics": metrics, "after2": b.compute_log_probs(batch)}
+    metrics2 = b.train_rollout(batch)
+    return {"before": before, "after": after, "metrics": metrics, "after2": b.compute_log_probs(batch), "metrics2": metrics2,
+            "dtypes": dtypes(b)}
 
 
 def train_twice(cfg, hf) -> dict:
@@ -86,8 +87,38 @@ def resume_layout(cfg, hf, parallel, ckpt_dir: str) -> dict:
     b.load_checkpoint(ckpt_dir)
     batch = fixed_batch()
     loaded = b.compute_log_probs(batch)
+    metrics2 = b.train_rollout(batch)
+    return {"loaded": loaded, "after2": b.compute_log_probs(batch), "steps_done": b.steps_done, "metrics2": metrics2,
+            "dtypes": dtypes(b)}
+
+
+def warm_start_then_still_step(cfg, hf, parallel) -> dict:
+    """Log-probs before and after two SFT steps (lr 1e-3), and after one RL rollout at lr 0 that follows them."""
+    import dataclasses
+
+    from slime_hydra.training.megatron.backend import MegatronTrainBackend
+
+    par = dataclasses.replace(cfg.parallelism, **parallel)
+    still = dataclasses.replace(cfg.train, lr=0.0, min_lr=0.0)
+    b = MegatronTrainBackend(hf.state_dict(), hf.config, cfg.model, par, cfg.algorithm, still, 1.0, 10,
+                             torch.device("cpu"), seed=cfg.seed, max_response_len=8)
+    batch = fixed_batch()
+    before = b.compute_log_probs(batch)
+    for _ in range(2):
+        b.sft_step(batch, 1e-3)
+    b.end_warm_start()
+    warm = b.compute_log_probs(batch)
     b.train_rollout(batch)
-    return {"loaded": loaded, "after2": b.compute_log_probs(batch), "steps_done": b.steps_done}
+    return {"before": before, "warm": warm, "after": b.compute_log_probs(batch)}
+
+
+def dtypes(b) -> dict[str, set]:
+    """The dtypes a backend holds: model parameters, the optimizer's (main) parameters, its Adam moments."""
+    opts = [o.optimizer for o in getattr(b.optimizer, "chained_optimizers", [b.optimizer])]
+    main = [p for o in opts for g in o.param_groups for p in g["params"]]
+    moments = [t for o in opts for st in o.state.values() for k, t in st.items() if k in ("exp_avg", "exp_avg_sq")]
+    return {"model": {p.dtype for p in b.gpt.parameters()}, "main": {p.dtype for p in main},
+            "moments": {t.dtype for t in moments}, "num_moments": len(moments), "num_main": len(main)}
 
 
 def spawn_main(rank: int, world: int, port: int, out_dir: str, layouts: list[str]) -> None:

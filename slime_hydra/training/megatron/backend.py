@@ -291,8 +291,11 @@ class MegatronTrainBackend:
         return sum(float(o["loss"]) for o in outs)
 
     def end_warm_start(self) -> None:
+        """The warm start's optimizer moved the weights; the RL optimizer's fp32 main params (bf16 / fp16 models) are
+        copies taken when it was built and would overwrite them at its first step: they are copied again."""
         self._sft_optimizer = None
         self.ddp.zero_grad_buffer()
+        self.optimizer.reload_model_params()
 
     # -- weights and state -------------------------------------------------------------------
     def _gather(self, t: torch.Tensor, dim: int) -> torch.Tensor:

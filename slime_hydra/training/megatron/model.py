@@ -161,9 +161,25 @@ def layer_spec(m: ModelConfig, config: TransformerConfig, sdpa: bool = True):
     return block
 
 
+def cast_parameters(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """Every parameter in `dtype`, as megatron's Float16Module (module.bfloat16()) leaves a bf16/fp16 model.
+
+    The local spec's norms (WrappedTorchNorm: torch.nn.RMSNorm / LayerNorm) are built in torch's default float32
+    whatever params_dtype says; left so, they are the fp32 params that Float16OptimizerWithFloat16Params keeps
+    outside its float16 groups, and its sharded_state_dict (0.16.1, optimizer.py:812) maps only those groups:
+    a checkpoint save fails with `Param id N does not match any model sharded param`. Buffers stay as built:
+    the MoE router's token counts and expert bias are float32 on purpose (router.py keeps expert_bias so)."""
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.is_floating_point() and p.dtype != dtype:
+                p.data = p.data.to(dtype)
+    return module
+
+
 def build_gpt(m: ModelConfig, config: TransformerConfig, vocab_size: int, sdpa: bool = True) -> GPTModel:
-    """This rank's pipeline stage of the model (weights randomly initialised; convert.load_hf fills them)."""
-    return GPTModel(
+    """This rank's pipeline stage of the model, every parameter in config.params_dtype (weights randomly initialised;
+    convert.hf_to_megatron fills them)."""
+    return cast_parameters(GPTModel(
         config=config, transformer_layer_spec=layer_spec(m, config, sdpa),
         vocab_size=padded_vocab_size(vocab_size, ps.get_tensor_model_parallel_world_size()),
         max_sequence_length=m.max_position_embeddings,
@@ -172,4 +188,4 @@ def build_gpt(m: ModelConfig, config: TransformerConfig, vocab_size: int, sdpa: 
         position_embedding_type="rope",  # MLA layers build their own yarn rotary from MLATransformerConfig
         rotary_percent=m.rotary_percent, rotary_base=int(m.rotary_base),
         rope_scaling=m.use_rope_scaling, rope_scaling_factor=m.rotary_scaling_factor,
-    )
+    ), config.params_dtype)
