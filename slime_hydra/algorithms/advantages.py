@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from slime_hydra.algorithms.critic import gae_advantages
+from slime_hydra.algorithms.groups import centred_groups, tied_groups
 from slime_hydra.algorithms.reinforce import (
     reinforce_plus_plus_advantages,
     reinforce_plus_plus_baseline_advantages,
@@ -29,11 +30,17 @@ CustomAdvantage = Callable[[Tensor, Tensor, Optional[Tensor], int], Tensor]
 def group_normalize(
     rewards: Tensor, group_size: int, subtract_mean: bool = True, std_normalize: bool = True, eps: float = 1e-6
 ) -> Tensor:
-    """GRPO: r - mean_group (and / (std_group + eps)); std is torch's unbiased std, as slime."""
+    """GRPO: r - mean_group (and / (std_group + eps)); std is torch's unbiased std, as slime.
+
+    A tied group (every reward equal) gets exactly 0 when subtract_mean, whatever the values
+    (`groups.centred_groups`); its std is taken as exactly 0 (torch gives NaN for a group of 1).
+    Other groups get slime's numbers bit for bit.
+    """
     r = rewards.view(-1, group_size)  # [B, G]
-    adv = r - r.mean(dim=1, keepdim=True) if subtract_mean else r.clone()  # [B, G]
+    adv = centred_groups(r) if subtract_mean else r.clone()  # [B, G]
     if std_normalize:
-        adv = adv / (r.std(dim=1, keepdim=True) + eps)
+        std = r.std(dim=1, keepdim=True).masked_fill(tied_groups(r), 0.0)  # [B, 1]
+        adv = adv / (std + eps)
     return adv.reshape(-1)  # [B*G]
 
 
@@ -49,19 +56,26 @@ def grpo_advantages(rewards: Tensor, mask: Tensor, group_size: int, std_normaliz
 def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
     """(v - mean) / sqrt(var + eps) with mean and var over every masked token of the batch.
 
-    As slime's distributed_masked_whiten: var = E[v^2] - mean^2 times n / (n - 1) (Bessel) when
-    n >= 2; shift_mean=False adds the mean back. Zero off the mask.
+    As slime's distributed_masked_whiten (Bessel's n / (n - 1) when n >= 2; shift_mean=False adds the
+    mean back; zero off the mask), but the variance is computed in two passes on values shifted by one
+    of them, not as E[v^2] - mean^2: that difference cancels catastrophically and goes negative for
+    constant or near-constant input (rsqrt -> NaN). Shifting by a masked value makes constant input
+    give exactly 0 (exactly the constant with shift_mean=False); the result is otherwise slime's up to
+    float rounding, and finite for finite input (var >= 0, and var + eps > 0).
     """
     n = mask.sum()
     if n.item() == 0:
         raise ValueError("masked_whiten: the mask has no valid token")
-    mean = (values * mask).sum() / n
-    var = (values.pow(2) * mask).sum() / n - mean.pow(2)
+    pivot = values[mask > 0][0]  # a masked value: the shift that makes constant input exactly 0
+    shifted = (values - pivot) * mask  # [N, T]
+    shifted_mean = shifted.sum() / n
+    centred = (shifted - shifted_mean) * mask  # [N, T]
+    var = centred.pow(2).sum() / n  # two-pass: a sum of squares, >= 0
     if n.item() >= 2:
         var = var * n / (n - 1)
-    out = (values - mean) * torch.rsqrt(var + eps)  # [N, T]
+    out = centred * torch.rsqrt(var + eps)  # [N, T]
     if not shift_mean:
-        out = out + mean
+        out = out + (pivot + shifted_mean)
     return out * mask
 
 

@@ -118,8 +118,13 @@ def aggregate(values: Tensor, mask: Tensor, mode: str, denominator: float) -> Te
     seq_mean_token_sum:      sum_i (sum_t v_it m_it) / denominator, denominator = samples in the step
     seq_mean_token_sum_norm: sum_i (sum_t v_it m_it / C) / samples = sum_it v_it m_it / denominator,
                              denominator = samples in the step × C, C = max response length (Dr.GRPO)
+    A sample with no trained token adds 0 to the sum; under token_mean it adds nothing to the
+    denominator either, under the per-sample modes it counts as a sample. A denominator of 0 (a step
+    with no trained token) gives 0.
     """
     masked = values * mask  # [N, T]
+    if denominator == 0:  # token_mean over a step with no trained token: its loss is 0, not 0 / 0
+        denominator = 1.0
     if mode == "sample_token_mean":
         per_sample = masked.sum(-1) / mask.sum(-1).clamp(min=1)  # [N]
         return per_sample.sum() / denominator

@@ -13,6 +13,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from slime_hydra.algorithms.groups import centred_groups
+
 
 def last_token_index(mask: Tensor) -> Tensor:
     """[N] index of the last position with mask > 0 in each row (0 for a row with none)."""
@@ -59,7 +61,7 @@ def reinforce_plus_plus_baseline_advantages(
     divides by the group std).
     """
     r = rewards.to(mask.dtype).view(-1, group_size)  # [B, G]
-    centred = (r - r.mean(dim=1, keepdim=True) if subtract_mean else r).reshape(-1)  # [N]
+    centred = (centred_groups(r) if subtract_mean else r).reshape(-1)  # [N] a tied group: exactly 0
     adv = centred[:, None].expand_as(mask)  # [N, T]
     if kl is not None:
         adv = adv - kl_coef * kl.to(mask.dtype)
