@@ -264,7 +264,7 @@ def summarize_run(name: str, run_dir: Path, overrides: list[str], wall: float) -
             vs.add(d.get("weight_version"))
         versions[str(int(f.stem.split("_")[-1]))] = sorted(v for v in vs if v is not None)  # rollout_000000.jsonl
     keys = ["perf/rollout_time_s", "perf/train_time_s", "perf/weight_sync_time_s", "perf/step_time_s",
-            "rollout/weight_sync_s", "perf/rollout_tokens_per_s", "rollout/weight_version_lag_mean", "rollout/response_len_mean",
+            "perf/weight_sync_send_s", "rollout/weight_sync_requests", "perf/rollout_tokens_per_s", "rollout/weight_version_lag_mean", "rollout/response_len_mean",
             "perf/rollout_wait_s", "perf/rollout_generate_s"]
     rows = {s: {k: m[k] for k in keys if k in m} for s, m in sorted(steps.items()) if s > 0}
     later = [r["perf/step_time_s"] for s, r in rows.items() if s > 1 and "perf/step_time_s" in r]

@@ -56,7 +56,8 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
                 gen.publish(c.trainer.named_weights(), step)  # sync weights: before the next generation starts
             t4 = time.perf_counter()
             metrics |= rollout_metrics(samples, n) | got.metrics | weight_lag_metrics(samples, rollout_id) | c.scorer.metrics()
-            metrics |= perf_metrics(samples, t0, t1, t2, t3, t4) | {"perf/rollout_wait_s": t1 - t0}
+            # the backend's figures: a sync among them is the worker's latest (applied before a generation)
+            metrics |= c.rollout.metrics() | perf_metrics(samples, t0, t1, t2, t3, t4) | {"perf/rollout_wait_s": t1 - t0}
             # generated ahead, so t1 - t0 is only the wait: the rate is over the worker's own generation time
             generate_s = got.metrics.get("perf/rollout_generate_s", t1 - t0)
             metrics["perf/rollout_tokens_per_s"] = sum(s.response_length for s in samples) / max(generate_s, 1e-9)

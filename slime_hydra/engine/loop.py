@@ -35,7 +35,7 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
             c.rollout.update_weights(c.trainer.named_weights(), version=step)  # sync weights
         t4 = time.perf_counter()
         metrics |= rollout_metrics(samples, n) | got.metrics | weight_lag_metrics(samples, rollout_id) | c.scorer.metrics()
-        metrics |= perf_metrics(samples, t0, t1, t2, t3, t4)
+        metrics |= c.rollout.metrics() | perf_metrics(samples, t0, t1, t2, t3, t4)  # the backend's: sync requests, retries
         if cfg.save_debug_rollout_data:
             write_rollout_data(cfg.save_debug_rollout_data, rollout_id, got)
         if due(step, cfg.eval.eval_interval, cfg.num_rollout) and c.eval_sets:  # eval

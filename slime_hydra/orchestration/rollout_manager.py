@@ -124,6 +124,9 @@ class RemoteRollout:
         ray.get(self.manager.update_weights.remote([ref if ref is not None else ray.put(list(named_tensors))], version))
         self.weight_version = version
 
+    def metrics(self) -> dict[str, float]:
+        return {}  # the engines are rollout.backend=local, which has no figures of its own
+
     def state_dict(self) -> dict:
         return ray.get(self.manager.state_dict.remote())
 

@@ -130,6 +130,9 @@ class LocalRollout:
             params[name].copy_(tensor)
         self.weight_version = version
 
+    def metrics(self) -> dict[str, float]:
+        return {}  # a sync is a copy_ per parameter: the loop's perf/weight_sync_time_s says all there is
+
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state(), "weight_version": self.weight_version}
 

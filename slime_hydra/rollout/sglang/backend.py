@@ -55,7 +55,8 @@ class SGLangRollout:
         self._sync_lock = threading.Lock()
         self._aborted = False
         self._released = False
-        self.sync_stats: dict[str, float] = {}
+        self.sync_stats: dict[str, float] = {}  # the last sync's, until metrics() reports them
+        self._stats_lock = threading.Lock()
         t0 = time.perf_counter()
         self.group.start()
         self.start_time_s = time.perf_counter() - t0
@@ -147,28 +148,31 @@ class SGLangRollout:
             if self.mode == "disk":
                 self._last_disk = W.write_checkpoint(tensors, self.init_dir, self.dir / "weights", self.dtype)
             t1 = time.perf_counter()
-            for e in self.group.engines:
-                if e.healthy.is_set():
-                    self._sync_engine(e, tensors, version)
+            requests = sum(self._sync_engine(e, tensors, version) for e in self.group.engines if e.healthy.is_set())
             self._last_weights, self.weight_version, self.synced_version = tensors, version, version
-        self.sync_stats = {"rollout/weight_sync_write_s": t1 - t0, "rollout/weight_sync_s": time.perf_counter() - t0}
+        t2 = time.perf_counter()
         if self.cfg.check_weight_update_equal:
             for e in self.group.engines:
                 if e.healthy.is_set():
                     W.check_equal(e.url, tensors, self.dtype, self.cfg.sglang_request_timeout_s)
+        with self._stats_lock:  # metrics() may read from the loop's thread while a worker syncs (train_mode=async)
+            self.sync_stats = {"rollout/weight_sync_requests": float(requests), "perf/weight_sync_write_s": t1 - t0,
+                               "perf/weight_sync_send_s": t2 - t1, "perf/weight_sync_check_s": time.perf_counter() - t2}
 
-    def _sync_engine(self, e: Engine, tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+    def _sync_engine(self, e: Engine, tensors: list[tuple[str, torch.Tensor]], version: int) -> int:
+        """-> the number of weight-update requests the engine got (buckets; 1 from disk)."""
         timeout = self.cfg.sglang_request_timeout_s
         paused = W.post(e.url, "/pause_generation", {}, timeout).status_code == 200
         try:
             if self.mode == "tensor":
-                W.update_from_tensors(e.url, tensors, version, self.tp_size, self.cfg.update_weight_buffer_size, self.dtype, timeout)
+                n = W.update_from_tensors(e.url, tensors, version, self.tp_size, self.cfg.update_weight_buffer_size,
+                                          self.dtype, timeout)
             elif self.mode == "distributed":
                 self._groups[e.index] = g = D.new_group(e.url, e.index, e.launches, self.tp_size, self.device, timeout,
                                                         self._groups.get(e.index))
-                g.send(tensors, version, self.cfg.update_weight_buffer_size, self.dtype)
+                n = g.send(tensors, version, self.cfg.update_weight_buffer_size, self.dtype)
             else:
-                W.update_from_disk(e.url, self._last_disk, version, timeout)
+                n = W.update_from_disk(e.url, self._last_disk, version, timeout)
             if self.mode != "disk":  # update_weights_from_disk flushes itself
                 r = W.post(e.url, "/flush_cache", {}, timeout)
                 if r.status_code != 200:  # the next prefill recomputes; only the radix cache is stale
@@ -176,6 +180,7 @@ class SGLangRollout:
         finally:
             if paused:
                 W.post(e.url, "/continue_generation", {}, timeout)
+        return n
 
     def _resync(self, e: Engine) -> None:
         """A restarted engine gets the last synced weights and version before it serves."""
@@ -203,7 +208,12 @@ class SGLangRollout:
     # -- state ----------------------------------------------------------------------------------------
 
     def metrics(self) -> dict[str, float]:
-        return {**self.sync_stats, "rollout/sglang_retries": float(self.client.retried),
+        """The last weight sync's request count (all engines) and seconds (checkpoint write for disk sync, the
+        updates, the equality check), once, at the first call after it; the requests re-sent and the engines
+        restarted so far."""
+        with self._stats_lock:
+            sync, self.sync_stats = self.sync_stats, {}
+        return {**sync, "rollout/sglang_retries": float(self.client.retried),
                 "rollout/sglang_restarts": float(sum(e.restarts for e in self.group.engines))}
 
     def state_dict(self) -> dict:

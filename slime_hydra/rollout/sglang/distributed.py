@@ -2,7 +2,8 @@
 
 Per engine, one torch process group of 1 + tp ranks: rank 0 is this process (it holds the trainer's
 tensors), ranks 1..tp are the engine's tp workers, joined by SGLang's /init_weights_update_group.
-A bucket (at most `update_weight_buffer_size` bytes, one dtype) is one /update_weights_from_distributed
+A bucket (at most `update_weight_buffer_size` bytes in the engine's dtype, packed by size alone, as
+`weights.buckets` does for every path) is one /update_weights_from_distributed
 request naming its tensors, dtypes and shapes; while the engine waits in it, rank 0 broadcasts the
 tensors in that order. The backend is gloo on CPU and NCCL on CUDA (the device of the tensors).
 One group per engine, not one for all: a restarted engine gets a new group without touching the
@@ -90,14 +91,15 @@ class UpdateGroup:
         _result(t, out, f"init_weights_update_group({self.backend}) on {self.url}", self.timeout_s)
 
     def send(self, named_tensors: list[tuple[str, torch.Tensor]], version: int, buffer_bytes: int, dtype: str) -> int:
-        """All buckets to the engine (inside its weight-update session); returns the number of buckets."""
+        """All buckets to the engine (inside its weight-update session); returns the number of
+        /update_weights_from_distributed requests (= buckets)."""
         if self.pg is None:
             self.open()
         session = W.has_endpoint(self.url, "/begin_weight_update")
         n = 0
         try:
-            for bucket in W.buckets(named_tensors, buffer_bytes):
-                tensors = [t.detach().to(self.device, W.DTYPES[dtype]).contiguous() for _, t in bucket]
+            for bucket in W.buckets(named_tensors, buffer_bytes, W.DTYPES[dtype]):
+                tensors = [t.to(self.device).contiguous() for _, t in bucket]
                 body = {"names": [name for name, _ in bucket], "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors],
                         "shapes": [list(t.shape) for t in tensors], "group_name": self.pg_name, "flush_cache": False,
                         "weight_version": str(version)}

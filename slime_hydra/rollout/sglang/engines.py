@@ -95,6 +95,10 @@ class EngineGroup:
             self.engines.append(Engine(i, port, engine_argv(model_path, tp_size, port, seed + i, options),
                                        self.log_dir / f"engine_{i}.log", env={k: str(v) for k, v in (env or {}).items()}))
         self.router_port = free_port(ports)
+        ports.add(self.router_port)
+        # the router's Prometheus exporter binds 0.0.0.0:29000 unless told otherwise: a second run on the host
+        # (another test, a benchmark) then fails to start its router; a free loopback port unless the user set one
+        router_options = {"prometheus_port": free_port(ports), "prometheus_host": "127.0.0.1", **router_options}
         self.router_argv = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls",
                             *[e.url for e in self.engines], "--host", "127.0.0.1", "--port", str(self.router_port),
                             "--policy", router_policy, *to_argv(router_options)]
