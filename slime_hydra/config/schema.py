@@ -402,7 +402,11 @@ class RunConfig:
     save_debug_rollout_data: Optional[str] = None
     save: Optional[str] = None  # checkpoint directory; None: <output_dir>/checkpoints
     save_interval: Optional[int] = None  # rollouts between checkpoints; the last one is always saved
-    load: Optional[str] = None  # checkpoint directory to resume from
+    # resume from: one checkpoint directory (<save>/rollout_NNNNNN), which must load (a broken file stops the run with
+    # exit code 2, naming it; never swapped for another), or a save root, which resumes from the checkpoint `latest`
+    # names or, when that one does not load, the newest older one that does, with a warning naming each one skipped
+    # (checkpoints newer than `latest` are never taken). engine/checkpoint.py, docs/reliability.md
+    load: Optional[str] = None
     output_dir: Optional[str] = None  # None: the Hydra job's output directory
 
 
