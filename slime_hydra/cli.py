@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from slime_hydra.errors import UserError
+from slime_hydra.errors import RunError, UserError
 
 # flags of Hydra's own CLI that take a value
 _VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
@@ -65,7 +65,7 @@ def task(cfg) -> float | None:
         from slime_hydra.engine.session import run_session
 
         summary = run_session(typed, output_dir, list(hc.overrides.task), parent)
-    except UserError as e:
+    except (UserError, RunError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)
     accs = [v["last"] for k, v in summary.items() if k.startswith("eval/") and k.endswith("/accuracy")]

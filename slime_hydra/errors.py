@@ -24,3 +24,14 @@ class ConfigError(UserError):
 
 class DataError(UserError):
     """A problem in a data file, with file:line."""
+
+
+class RunError(Exception):
+    """A run that stopped on a failure it can name (a stall, a timeout): the message says which step, which key
+    controls it and where to resume. The CLI prints it without a traceback and exits with code 3."""
+
+    exit_code = 3
+
+
+class StallError(RunError):
+    """The stall watchdog fired: no rollout step finished in time."""

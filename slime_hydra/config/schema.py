@@ -264,6 +264,7 @@ class RewardConfig:
     rm_url: Optional[str] = None  # remote_rm: POST {prompt, response, label} -> float | dict
     rm_concurrency: int = 64
     rm_timeout_s: float = 30.0
+    custom_rm_timeout_s: float = 600.0  # seconds one scoring call of custom_rm (all samples it is given) may take
     rm_max_retries: int = 3
     rm_retry_backoff_s: float = 0.5
     rm_on_failure: str = "zero"  # zero: score rm_failure_score and count it | raise: stop the run
@@ -411,6 +412,12 @@ class RunConfig:
 
 
 # group name -> schema, registered under schema/<group> in the ConfigStore
+    # Stall watchdog (engine/watchdog.py): once a rollout step has finished, if the next one does not finish within
+    # max(stall_min_timeout_s, stall_timeout_factor x the longest of the last 5 steps), every thread's stack goes to
+    # <output_dir>/stall_stacks.txt and the run fails (exit 3) naming it and the last checkpoint.
+    stall_watchdog: bool = True
+    stall_timeout_factor: float = 10.0
+    stall_min_timeout_s: float = 600.0
 GROUP_SCHEMAS: dict[str, type] = {
     "model": ModelConfig,
     "algorithm": AlgorithmConfig,

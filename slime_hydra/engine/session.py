@@ -6,6 +6,7 @@ loop itself stays one screen long.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from slime_hydra.config.schema import RunConfig
+from slime_hydra.engine.watchdog import StallWatchdog
 
 
 def git_sha() -> str:
@@ -35,6 +37,21 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     else:
         out[prefix.rstrip(".")] = d
     return out
+
+
+def resume_hint(save_dir: str) -> str:
+    """Where a failed run resumes from: the newest checkpoint, or that there is none."""
+    root = Path(save_dir).resolve()
+    if (root / "latest").is_file():
+        return f"The last checkpoint is {root / (root / 'latest').read_text().strip()}: resume with load={root}."
+    return f"No checkpoint was saved yet (save_interval sets how often; checkpoints go to {save_dir})."
+
+
+def watchdog(cfg: RunConfig, c, out: Path, save_dir: str):
+    if not cfg.stall_watchdog:
+        return contextlib.nullcontext()
+    return StallWatchdog(lambda: len(c.history), cfg.stall_timeout_factor, cfg.stall_min_timeout_s,
+                         out / "stall_stacks.txt", lambda: resume_hint(save_dir))
 
 
 def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_run_id: str | None = None) -> dict[str, Any]:
@@ -63,7 +80,9 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_ru
     status = "FAILED"
     try:
         run = async_loop.run if cfg.train_mode == "async" else loop.run
-        history = run(cfg, c, cfg.save or str(out / "checkpoints"))
+        save_dir = cfg.save or str(out / "checkpoints")
+        with watchdog(cfg, c, out, save_dir):
+            history = run(cfg, c, save_dir)
         summary = report.summarize(history)
         print("\n" + report.summary_table(summary), flush=True)
         for path in (out / "composed_config.yaml", report.plot_curves(history, out / "reward_curve.png"),

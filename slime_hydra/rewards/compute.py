@@ -8,15 +8,40 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from slime_hydra.aio import run_sync
 from slime_hydra.config.schema import RewardConfig
-from slime_hydra.errors import UserError
+from slime_hydra.errors import RunError, UserError
 from slime_hydra.rewards.remote import RemoteRewardModel
 from slime_hydra.rewards.verifiers import verifier
 from slime_hydra.types import Sample
+
+T = TypeVar("T")
+
+
+def call_with_deadline(fn: Callable[[], T], timeout_s: float) -> T:
+    """fn() on a daemon thread while this thread waits for it, at most timeout_s: the caller blocks just as an
+    inline call would (nothing else runs meanwhile), but a call that never returns raises TimeoutError instead
+    of hanging the run, and cannot hold up the process's exit."""
+    box: dict = {}
+    done = threading.Event()
+
+    def target():
+        try:
+            box["out"] = fn()
+        except BaseException as e:  # re-raised in the caller
+            box["err"] = e
+        done.set()
+
+    threading.Thread(target=target, name="custom-rm", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise TimeoutError
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
 
 
 def reward_value(reward: Any, key: Optional[str]) -> float:
@@ -62,10 +87,8 @@ class RewardScorer:
         self.time_s += time.perf_counter() - t0
 
     async def _raw(self, samples: list[Sample]) -> list:
-        if self.custom is not None and self.cfg.group_rm:
-            return list(await _maybe_await(self.custom(samples, **self.custom_kwargs)))
         if self.custom is not None:
-            return list(await asyncio.gather(*(_maybe_await(self.custom(s, **self.custom_kwargs)) for s in samples)))
+            return await self._custom(samples)
         out: list = [None] * len(samples)
         remote_idx = [i for i, s in enumerate(samples) if self._rm_type(s) == "remote_rm"]
         for i, s in enumerate(samples):
@@ -79,6 +102,23 @@ class RewardScorer:
             for i, r in zip(remote_idx, scored):
                 out[i] = r
         return out
+
+    async def _custom(self, samples: list[Sample]) -> list:
+        """custom_rm within reward.custom_rm_timeout_s. An async function is awaited with that deadline; a sync
+        one runs with it too (samples in order, the event loop waiting, exactly as an inline call would)."""
+        f, kw, t = self.custom, self.custom_kwargs, self.cfg.custom_rm_timeout_s
+        call = (lambda: f(samples, **kw)) if self.cfg.group_rm else (lambda: [f(s, **kw) for s in samples])
+        try:
+            if inspect.iscoroutinefunction(f):
+                return list(await asyncio.wait_for(call() if self.cfg.group_rm else asyncio.gather(*call()), t))
+            got = call_with_deadline(call, t)
+        except (TimeoutError, asyncio.TimeoutError):
+            raise RunError(f"reward: custom_rm {self.cfg.custom_rm['_target_']} did not return within "
+                           f"reward.custom_rm_timeout_s={t:g} s for {len(samples)} samples; raise "
+                           "reward.custom_rm_timeout_s if it is only slow") from None
+        if self.cfg.group_rm:
+            return list(await _maybe_await(got))
+        return list(await asyncio.gather(*(_maybe_await(r) for r in got)))
 
     def _rm_type(self, s: Sample) -> str:
         return s.metadata.get("rm_type") or self.cfg.rm_type
