@@ -163,3 +163,23 @@ def test_cli_skip_trains_on_the_good_rows_and_logs_the_count(workdir):
     trained = [json.loads(x) for x in open(workdir / "debug" / "rollout_000000.jsonl")]
     # one rollout of 8 prompts × 4 samples is one epoch of exactly the 8 good rows
     assert sorted({s["prompt"] for s in trained}) == sorted(f"{a}+{a}=" for a in range(10, 18)) and len(trained) == 32
+
+
+def test_shipped_eval_sets_keep_their_keys_when_the_training_data_uses_others(tmp_path):
+    """Issue 25: a chat-format training file with data.input_key=question data.label_key=answer; the embedded
+    eval set (prompt/label) names its own keys, so it still loads; an eval file that lacks them names its key
+    and eval=none as the fixes."""
+    from slime_hydra.engine.build import build_eval_sets, load_data
+    from slime_hydra.engine.steps import rollout_sampling
+
+    train = write(tmp_path / "train.jsonl", ['{"question": "1+1=", "answer": "2"}', '{"question": "2+2=", "answer": "4"}'])
+    cfg = compose_run([f"data.prompt_data={train}", "data.input_key=question", "data.label_key=answer"])
+    assert [p.label for p in load_data(cfg, TOK)] == ["2", "4"]
+    sets = build_eval_sets(cfg, TOK, rollout_sampling(cfg.rollout, (TOK.eos_token_id,)))
+    assert len(sets["addition"].prompts) > 100  # the shipped held-out set, read with prompt/label
+    held = write(tmp_path / "held.jsonl", ['{"q": "1+1=", "label": "2"}'])
+    cfg = compose_run([f"+eval.eval_prompt_data.held={held}", "data.input_key=question"])
+    with pytest.raises(DataError) as info:
+        build_eval_sets(cfg, TOK, rollout_sampling(cfg.rollout, (TOK.eos_token_id,)))
+    assert ("missing key 'question' (eval.eval_prompt_data.held.input_key); keys on this line: ['label', 'q']; set "
+            "eval.eval_prompt_data.held.input_key to one of them (or eval=none to run without this eval set)") in str(info.value)

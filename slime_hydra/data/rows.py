@@ -92,7 +92,8 @@ def check_row(row: Any, keys: RowKeys) -> list[str]:
     for key, name in ((keys.input_key, "input_key"), (keys.label_key, "label_key")):
         if key is not None and key not in row:
             problems.append(f"missing key {key!r} ({keys.prefix}.{name}); keys on this line: {sorted(row)}; "
-                            f"set {keys.prefix}.{name} to one of them")
+                            f"set {keys.prefix}.{name} to one of them"
+                            + (" (or eval=none to run without this eval set)" if keys.prefix.startswith("eval.") else ""))
     if keys.input_key in row:
         problems += _prompt_problems(row[keys.input_key], keys.input_key, f"{keys.prefix}.input_key")
     if keys.label_key is not None and keys.label_key in row:
