@@ -297,6 +297,9 @@ class TrainConfig:
     # slime's default is 1; None: the whole step (a rank's share of global_batch_size) in one micro-batch
     micro_batch_size: Optional[int] = 1
     lr: float = 1e-6
+    # validation refuses train.lr / train.critic_lr above 1e-5 for a model of >= 100M parameters whose weights come
+    # from model.hf_checkpoint or load= (a warning for a random init): config/validate_model.py. true: run it anyway
+    allow_unsafe_lr: bool = False
     min_lr: float = 0.0
     critic_lr: Optional[float] = None  # ppo's critic; None: lr (min_lr scales with it)
     lr_decay_style: str = "constant"  # constant | linear | cosine

@@ -16,6 +16,7 @@ from slime_hydra.config.plugins import check_target
 from slime_hydra.config.schema import EvalDatasetConfig, RunConfig
 from slime_hydra.config.validate_algorithm import GROUP_BASELINE, check_algorithm
 from slime_hydra.config.validate_buffer import check_buffer, derive_num_rollout
+from slime_hydra.config.validate_model import check_model_training
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "algorithm.advantage_estimator": ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"),
@@ -117,6 +118,7 @@ def check_values(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
 
     check_model(cfg, problems)
     check_model_impl(cfg, problems, notes)
+    check_model_training(cfg, problems, notes)
     if cfg.train.backend == "megatron":
         check_megatron(cfg, problems)
     else:
