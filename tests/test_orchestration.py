@@ -93,6 +93,7 @@ def test_two_dp_ranks_match_one_rank_float64(ray_cluster, aggregation):
     from ray.util.placement_group import placement_group, remove_placement_group
 
     from slime_hydra.models.build import build_model, build_tokenizer
+    from slime_hydra.orchestration.calls import RayCalls
     from slime_hydra.orchestration.train_group import TrainGroup
     from slime_hydra.training.torch_backend import TorchTrainBackend
 
@@ -108,7 +109,7 @@ def test_two_dp_ranks_match_one_rank_float64(ray_cluster, aggregation):
     lay = plan_layout(dataclasses.replace(cfg.cluster, backend="ray", actor_num_gpus_per_node=2, rollout_num_gpus=2), False)
     pg = placement_group([lay.bundle] * lay.num_bundles)
     try:
-        group = TrainGroup(pg, lay, 1, None, None)
+        group = TrainGroup(pg, lay, 1, None, None, RayCalls(cfg.cluster.ray_call_timeout_s), cfg.cluster.distributed_timeout_s)
         group.setup(cfg.model, cfg.algorithm, cfg.train, 1.0, 2, cfg.rollout.rollout_max_response_len, cfg.seed)
         m2 = group.train_rollout(batch)
         p0, p1 = group.parameters(0), group.parameters(1)

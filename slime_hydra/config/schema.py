@@ -372,6 +372,14 @@ class ClusterConfig:
     offload_train: Optional[bool] = None
     offload_rollout: Optional[bool] = None
     placement_timeout_s: float = 60.0  # how long to wait for the placement group before reporting it cannot fit
+    # every wait of the driver (and of the rollout manager) on a Ray actor: a train step, a weight sync, a generate, a
+    # checkpoint's state (orchestration/calls.py). Past it the run stops (exit 3) naming the step, the actor and the
+    # checkpoint to resume from; a dead actor stops it at once. Generous: one train step at scale can take many minutes.
+    ray_call_timeout_s: float = 3600.0
+    # torch.distributed group creation and each collective of the train ranks (cluster.backend=ray's data-parallel
+    # ranks, megatron's groups): gloo raises past it; NCCL's watchdog ends the rank's process (torch's default
+    # TORCH_NCCL_ASYNC_ERROR_HANDLING=3). Below ray_call_timeout_s, so a rank stuck in an all-reduce reports itself first.
+    distributed_timeout_s: float = 1800.0
     device: str = "auto"  # auto | cpu | cuda
     num_threads: Optional[int] = None  # torch intra-op threads (per actor with backend=ray: default 1); None keeps torch's choice
 
@@ -400,6 +408,9 @@ class RunConfig:
     # runs while training on rollout k (slime_hydra/engine/async_loop.py)
     train_mode: str = "sync"
     async_buffer_size: int = 1  # async: rollouts that may be generated ahead of training (their staleness bound)
+    # async: seconds one rollout generated ahead may take from the start of its generation before the run stops (exit 3)
+    # naming it; the trainer's waits on the generation worker (engine/async_loop.py) have no other deadline
+    async_rollout_timeout_s: float = 3600.0
     update_weights_interval: int = 1  # rollouts between weight syncs to the rollout engine, never mid-generation
     # a directory: each rollout's samples (kept and dropped) go to rollout_NNNNNN.jsonl in it; or a path
     # with "{rollout_id}" (quote it on the command line: save_debug_rollout_data='dir/{rollout_id}.jsonl')

@@ -318,8 +318,9 @@ def check_cluster(cfg: RunConfig, problems: list[str], notes: list[str]) -> None
                         f"set cluster.rollout_num_gpus to a multiple of {per} or cluster.rollout_num_gpus_per_engine to a divisor of it")
     c.offload_train = c.colocate if c.offload_train is None else c.offload_train
     c.offload_rollout = c.colocate if c.offload_rollout is None else c.offload_rollout
-    if c.placement_timeout_s <= 0:
-        problems.append(f"cluster.placement_timeout_s={c.placement_timeout_s} must be > 0")
+    for key in ("placement_timeout_s", "ray_call_timeout_s", "distributed_timeout_s"):
+        if getattr(c, key) <= 0:
+            problems.append(f"cluster.{key}={getattr(c, key)} must be > 0 (seconds)")
     if c.backend == "local":
         if actor > 1:
             problems.append(f"{actor_txt} data-parallel train ranks need cluster.backend=ray (one Ray actor per rank); "

@@ -74,6 +74,8 @@ def check_async(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
     for key in ("async_buffer_size", "update_weights_interval"):
         if getattr(cfg, key) < 1:
             problems.append(f"{key}={getattr(cfg, key)} must be >= 1")
+    if cfg.async_rollout_timeout_s <= 0:
+        problems.append(f"async_rollout_timeout_s={cfg.async_rollout_timeout_s} must be > 0 (seconds)")
     if cfg.async_buffer_size != 1 and cfg.train_mode != "async":
         problems.append(f"async_buffer_size={cfg.async_buffer_size} has no effect with train_mode={cfg.train_mode}; "
                         "set train_mode=async or async_buffer_size=1")

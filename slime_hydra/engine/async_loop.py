@@ -13,14 +13,27 @@ the importance ratio is against the weights that generated each token.
 
 With the local backend the worker is a thread: torch releases the GIL inside its ops, and the rollout
 has its own model copy. The machine's intra-op threads are split between the two sides.
+
+Every wait on the worker has a deadline: a rollout whose generation runs past `async_rollout_timeout_s`
+(counted from its start), or a worker thread that ended, stops the run with a RunError (exit 3) naming the
+rollout, the key, where the worker is, and the checkpoint to resume from. The worker is a daemon thread
+(not a ThreadPoolExecutor's, which the interpreter joins at exit), so a generation stuck in a hook does not
+keep the failed run alive.
 """
 
 from __future__ import annotations
 
+import os
+import queue
+import sys
+import threading
 import time
+import traceback
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Optional
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -31,14 +44,20 @@ from slime_hydra.engine.build import Components, engine_state
 from slime_hydra.engine.collect import Collected, RolloutPlan, collect_rollout, rollout_plan, weight_lag_metrics, write_rollout_data
 from slime_hydra.engine.loop import due, perf_metrics, prepare, run_eval
 from slime_hydra.engine.report import Progress
+from slime_hydra.engine.session import resume_hint
 from slime_hydra.engine.steps import advantages, rollout_metrics
+from slime_hydra.errors import RunError
+
+KEY = "async_rollout_timeout_s"
+CLOSE_WAIT_S = 30.0  # at close, how long a generation still running (the run failed elsewhere) may take to finish
 
 
 def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[str, float]]]:
     n, pad = cfg.rollout.n_samples_per_prompt, c.tokenizer.pad_token_id
     if c.start_rollout == 0:
         prepare(cfg, c)
-    gen = AheadGenerator(c, rollout_plan(cfg.rollout), c.ready.get("async_ready", []))
+    gen = AheadGenerator(c, rollout_plan(cfg.rollout), c.ready.get("async_ready", []), cfg.async_rollout_timeout_s,
+                         c.start_rollout, lambda: resume_hint(save_dir))
     if c.ready.get("async_published_version") is not None:  # resumed: published weights the worker had not applied
         gen.publish(c.trainer.named_weights(), c.ready["async_published_version"])
     bar = Progress(cfg.num_rollout, c.start_rollout, cfg.logger.progress_bar)
@@ -79,18 +98,73 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
     return c.history
 
 
-class AheadGenerator:
-    """Rollouts produced in order by one worker; `next()` waits for the oldest."""
+@dataclass
+class Job:
+    rollout_id: int
+    future: Future
+    started: Optional[float] = None  # time.monotonic() when the worker began it
 
-    def __init__(self, c: Components, plan: RolloutPlan, ready: list[dict]):
-        self.c, self.plan = c, plan
+
+class Worker:
+    """One daemon thread running jobs in submission order."""
+
+    def __init__(self, num_threads: int):
+        self.jobs: queue.Queue = queue.Queue()
+        self.stop = threading.Event()
+        self.ended: Optional[BaseException] = None  # what ended the thread, when not a stop
+        self.thread = threading.Thread(target=self._run, args=(num_threads,), name="rollout-worker", daemon=True)
+        self.thread.start()
+
+    def submit(self, rollout_id: int, fn: Callable[..., Any], *args: Any) -> Job:
+        job = Job(rollout_id, Future())
+        self.jobs.put((job, fn, args))
+        return job
+
+    def _run(self, num_threads: int) -> None:
+        torch.set_num_threads(num_threads)
+        while not self.stop.is_set():
+            try:
+                job, fn, args = self.jobs.get(timeout=0.5)  # idle: look at the stop flag twice a second
+            except queue.Empty:
+                continue
+            if not job.future.set_running_or_notify_cancel():
+                continue
+            job.started = time.monotonic()
+            try:
+                job.future.set_result(fn(*args))
+            except Exception as e:  # noqa: BLE001 - raised in the trainer's thread by wait()
+                job.future.set_exception(e)
+            except BaseException as e:  # SystemExit from a hook: the thread ends here
+                self.ended = e
+                job.future.set_exception(e)
+                return
+
+    def where(self) -> str:
+        """The worker's innermost frames, for a message."""
+        frame = sys._current_frames().get(self.thread.ident or -1)
+        if frame is None:
+            return "the worker thread has ended"
+        stdlib = os.path.dirname(threading.__file__)  # threading's and asyncio's frames say nothing about the stall
+        last = [f for f in traceback.extract_stack(frame) if not f.filename.startswith(stdlib)][-2:]
+        return "the worker is in " + " <- ".join(f"{f.name} ({'/'.join(f.filename.split(os.sep)[-2:])}:{f.lineno})"
+                                                 for f in reversed(last))
+
+
+class AheadGenerator:
+    """Rollouts produced in order by one worker; `next()` waits for the oldest, within `timeout_s` of its start."""
+
+    def __init__(self, c: Components, plan: RolloutPlan, ready: list[dict], timeout_s: float, first_rollout_id: int,
+                 resume_hint: Callable[[], str]):
+        self.c, self.plan, self.timeout_s, self.resume_hint = c, plan, timeout_s, resume_hint
         self.threads = torch.get_num_threads()
         self.side_threads = max(1, self.threads // 2)
-        torch.set_num_threads(self.side_threads)  # the trainer's half; the worker sets its own below
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="rollout", initializer=torch.set_num_threads,
-                                       initargs=(self.side_threads,))
-        self.queue: deque[Future] = deque(done_future(collected_from_dict(d)) for d in ready)
+        torch.set_num_threads(self.side_threads)  # the trainer's half; the worker sets its own
+        self.worker = Worker(self.side_threads)
+        self.queue: deque[Job] = deque(Job(first_rollout_id + i, done_future(collected_from_dict(d)))
+                                       for i, d in enumerate(ready))
+        self.next_id = first_rollout_id + len(self.queue)
         self.weights: Optional[tuple[list, int]] = None  # published, not yet applied by the worker
+        self.hung = False
 
     def publish(self, named_weights, version: int) -> None:
         self.weights = ([(name, t.detach().clone()) for name, t in named_weights], version)
@@ -98,11 +172,33 @@ class AheadGenerator:
     def fill(self, ahead: int) -> None:
         while len(self.queue) < ahead:
             weights, self.weights = self.weights, None
-            self.queue.append(self.pool.submit(self._one, weights))
+            self.queue.append(self.worker.submit(self.next_id, self._one, weights))
+            self.next_id += 1
 
     def next(self) -> Collected:
         self.fill(1)
-        return self.queue.popleft().result()
+        return self.wait(self.queue.popleft())
+
+    def wait(self, job: Job) -> Collected:
+        """The job's result, or a RunError once its generation has run `timeout_s` or the worker is gone."""
+        waiting_since = time.monotonic()
+        while not job.future.done():
+            elapsed = time.monotonic() - (job.started if job.started is not None else waiting_since)
+            if elapsed > self.timeout_s:
+                self.hung = True
+                raise RunError(f"async rollout queue: rollout {job.rollout_id} (generated ahead by the rollout worker "
+                               f"thread) did not finish within {KEY}={self.timeout_s:g} s of the start of its "
+                               f"generation; {self.worker.where()}. Raise {KEY} if generation is only slow. "
+                               f"{self.resume_hint()}")
+            if not self.worker.thread.is_alive() and not job.future.done():
+                raise RunError(f"async rollout queue: rollout {job.rollout_id} will not be generated: the rollout worker "
+                               f"thread ended ({self.worker.ended!r}). {self.resume_hint()}")
+            wait_futures([job.future], timeout=min(1.0, self.timeout_s - elapsed + 0.01))
+        err = job.future.exception(timeout=0)
+        if err is not None and not isinstance(err, Exception):  # SystemExit and the like: the thread that raised it is gone
+            raise RunError(f"async rollout queue: the rollout worker thread ended on {err!r} while generating rollout "
+                           f"{job.rollout_id}. {self.resume_hint()}") from err
+        return job.future.result(timeout=0)
 
     def _one(self, weights: Optional[tuple[list, int]]) -> Collected:
         t0 = time.perf_counter()
@@ -113,8 +209,8 @@ class AheadGenerator:
         return got
 
     def drain(self) -> None:
-        for f in self.queue:
-            f.result()
+        for job in self.queue:
+            self.wait(job)
 
     def drain_and_sync(self) -> None:
         """No generation in flight, and the rollout holds the latest published weights (for eval)."""
@@ -126,11 +222,16 @@ class AheadGenerator:
     def state_dict(self) -> dict:
         """The finished rollouts still waiting (generation drained first) and the published version."""
         self.drain()
-        return {"async_ready": [collected_to_dict(f.result()) for f in self.queue],
+        return {"async_ready": [collected_to_dict(self.wait(job)) for job in self.queue],
                 "async_published_version": None if self.weights is None else self.weights[1]}
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        """Cancels what has not started; a generation still running gets CLOSE_WAIT_S to finish (none when it is the
+        one that timed out): after that the daemon thread is left behind, never joined without a deadline."""
+        self.worker.stop.set()
+        for job in self.queue:
+            job.future.cancel()
+        self.worker.thread.join(timeout=0 if self.hung else CLOSE_WAIT_S)
         torch.set_num_threads(self.threads)
 
 

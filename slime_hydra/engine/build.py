@@ -93,7 +93,8 @@ def build_trainer(cfg: RunConfig, model: torch.nn.Module, device: torch.device) 
 
         return MegatronTrainBackend(model.state_dict(), model.config, cfg.model, cfg.parallelism, cfg.algorithm, cfg.train,
                                     cfg.rollout.rollout_temperature, total_steps, device, seed=cfg.seed,
-                                    max_response_len=cfg.rollout.rollout_max_response_len)
+                                    max_response_len=cfg.rollout.rollout_max_response_len,
+                                    distributed_timeout_s=cfg.cluster.distributed_timeout_s)
     from slime_hydra.training.torch_backend import TorchTrainBackend
 
     return TorchTrainBackend(model, cfg.algorithm, cfg.train, cfg.rollout.rollout_temperature, total_steps, device,

@@ -5,11 +5,13 @@ checked against what it holds (a clear error, exit code 2, before any actor or m
 the placement group, the train group and the rollout manager. The result is the same `Components`
 the in-process build returns, so `engine/loop.py` runs unchanged on either. A custom generate hook
 (multi-turn agents) runs in the driver, over the manager's engines, exactly as it runs over an
-in-process engine.
+in-process engine. Every wait on an actor has the deadline `cluster.ray_call_timeout_s` and names its step,
+the key and the checkpoint to resume from (orchestration/calls.py).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 from slime_hydra.agent.hook import check_sample_overrides, wrap_rollout
@@ -18,6 +20,7 @@ from slime_hydra.config.schema import RunConfig
 from slime_hydra.data.buffer import DataBuffer
 from slime_hydra.engine import checkpoint as ckpt
 from slime_hydra.engine.build import Components, build_eval_sets, load_data, restore, seed_everything
+from slime_hydra.engine.session import resume_hint
 from slime_hydra.engine.steps import rollout_sampling
 from slime_hydra.errors import ConfigError, UserError
 from slime_hydra.models.build import build_tokenizer
@@ -27,6 +30,7 @@ from slime_hydra.tracking.base import build_tracker
 
 def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) -> Components:
     from slime_hydra.orchestration import placement
+    from slime_hydra.orchestration.calls import RayCalls
     from slime_hydra.orchestration.rollout_manager import RemoteRollout, RemoteSource, RolloutManager
     from slime_hydra.orchestration.train_group import TrainGroup
 
@@ -56,19 +60,22 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
         tracker = build_tracker(cfg.logger, cfg.experiment_name, output_dir, resume_run_id=(state or {}).get("tracker_run_id"),
                                 parent_run_id=parent_run_id)
         uri = cfg.logger.tracking_uri if cfg.logger.tracker == "mlflow" else None
-        trainer = TrainGroup(pg, layout, cfg.cluster.num_threads, uri, tracker.run_id if uri else None)
+        save_dir = cfg.save or str(Path(output_dir) / "checkpoints")  # as engine/session.py decides it
+        calls = RayCalls(cfg.cluster.ray_call_timeout_s, lambda: resume_hint(save_dir))
+        trainer = TrainGroup(pg, layout, cfg.cluster.num_threads, uri, tracker.run_id if uri else None, calls,
+                             cfg.cluster.distributed_timeout_s)
         trainer.setup(model_cfg, cfg.algorithm, cfg.train, cfg.rollout.rollout_temperature,
                       cfg.num_rollout * cfg.train.num_steps_per_rollout, cfg.rollout.rollout_max_response_len, cfg.seed)
         manager = ray.remote(RolloutManager).options(num_cpus=0).remote(pg, layout, model_cfg, train_prompts, cfg.rollout, cfg.seed,
-                                                                        cfg.cluster.num_threads)
+                                                                        cfg.cluster.num_threads, cfg.cluster.ray_call_timeout_s)
 
         def teardown() -> None:
             trainer.shutdown()
             placement.shutdown(pg, started)
 
-        rollout = wrap_rollout(RemoteRollout(manager, on_shutdown=teardown), tokenizer, cfg.rollout.custom_generate,
+        rollout = wrap_rollout(RemoteRollout(manager, calls, on_shutdown=teardown), tokenizer, cfg.rollout.custom_generate,
                                cfg.rollout.max_turns, metadatas)
-        source = RemoteSource(manager)
+        source = RemoteSource(manager, calls)
         comps = Components(tokenizer, train_prompts, eval_sets, source, trainer, rollout, RewardScorer(cfg.reward),
                            tracker, sampling, output_dir=output_dir, resumed_from=resume,
                            buffer=DataBuffer(source, load_target(cfg.rollout.buffer_filter)))

@@ -84,12 +84,29 @@ def connect(c: ClusterConfig) -> tuple[bool, str]:
     if address in (None, "", "local"):
         ray.init(address="local" if c.address == "local" else None, include_dashboard=False, logging_level="WARNING")
         return True, "a new local cluster"
+    probe_gcs(address, c.placement_timeout_s)
     try:
         ray.init(address=address, logging_level="WARNING")
     except (ConnectionError, RuntimeError) as e:
         raise UserError(f"cluster.address={address}: cannot connect to a Ray cluster there ({e}); start one with "
                         "`ray start --head` or set cluster.address=local") from None
     return False, f"cluster.address={address}"
+
+
+def probe_gcs(address: str, timeout_s: float) -> None:
+    """A `host:port` that nothing answers at fails here, within timeout_s: ray.init itself retries a dead address
+    for ~20 x 40 s before giving up. ("auto" and ray:// addresses are left to Ray.)"""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise UserError(f"cluster.address={address}: no Ray cluster answers there within cluster.placement_timeout_s="
+                        f"{timeout_s:g} s ({e.strerror or repr(e)}); start one with `ray start --head`, fix the address, or set "
+                        "cluster.address=local") from None
 
 
 def resolve_use_gpu(c: ClusterConfig, total: dict[str, float]) -> bool:

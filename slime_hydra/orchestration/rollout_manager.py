@@ -7,6 +7,10 @@ the Protocols the loop already uses (RolloutBackend, and the prompt source), so 
 in one process and on a cluster. Weights go from train rank 0 to every engine through the object
 store; the driver only passes the reference along.
 
+Every wait has the deadline `cluster.ray_call_timeout_s` (orchestration/calls.py): the manager's waits on its
+engines name the engine; the driver's waits on the manager are a little longer (`nested`), so an engine that
+hangs is reported as that engine, not as the manager.
+
 Left out: engines other than `rollout.backend=local` (an SGLang engine would be another engine class
 on the same bundles), and rewards inside the manager (the driver scores, as in one process).
 """
@@ -19,6 +23,7 @@ import ray
 
 from slime_hydra.aio import run_sync
 from slime_hydra.config.schema import ModelConfig, RolloutConfig
+from slime_hydra.orchestration.calls import RayCalls, get
 from slime_hydra.orchestration.placement import Layout, on_bundle
 from slime_hydra.types import Sample, SamplingParams
 
@@ -55,7 +60,7 @@ class RolloutManager:
     """Owns the engines and the prompt source (a Ray actor that itself takes no CPU)."""
 
     def __init__(self, pg, layout: Layout, model: ModelConfig, prompts: list, rollout: RolloutConfig, seed: int,
-                 num_threads: Optional[int]):
+                 num_threads: Optional[int], call_timeout_s: float):
         from slime_hydra.data.source import PromptSource
 
         # the prompts the driver loaded (and checked) once; the manager owns their order from here on
@@ -65,6 +70,8 @@ class RolloutManager:
         self.engines = [engine.options(**layout.actor_options(), **on_bundle(pg, bundles[0])).remote(
                             model, seed + e, rollout.generation_batch_size, layout.use_gpu, num_threads)
                         for e, bundles in enumerate(layout.engine_bundles)]
+        self.labels = [f"rollout engine {e}" for e in range(len(self.engines))]
+        self.timeout_s = call_timeout_s
         self.weight_version = 0
 
     def num_engines(self) -> int:
@@ -82,19 +89,23 @@ class RolloutManager:
     def generate(self, samples: list[Sample], sampling: SamplingParams) -> list[Sample]:
         n = len(self.engines)
         bounds = [len(samples) * e // n for e in range(n + 1)]  # contiguous, near-equal chunks
-        parts = ray.get([eng.generate.remote(samples[bounds[e] : bounds[e + 1]], sampling) for e, eng in enumerate(self.engines)])
+        parts = get([eng.generate.remote(samples[bounds[e] : bounds[e + 1]], sampling) for e, eng in enumerate(self.engines)],
+                    "rollout generate", self.timeout_s, self.labels)
         return [s for part in parts for s in part]
 
     def update_weights(self, weights_ref: list, version: int) -> None:
         """`weights_ref` is [ObjectRef] (wrapped, so Ray hands it over unresolved): each engine fetches it."""
-        ray.get([eng.update_weights.remote(weights_ref[0], version) for eng in self.engines])
+        get([eng.update_weights.remote(weights_ref[0], version) for eng in self.engines], "weight sync", self.timeout_s,
+            self.labels)
         self.weight_version = version
 
     def state_dict(self) -> dict:
-        return {"engines": ray.get([e.state_dict.remote() for e in self.engines]), "weight_version": self.weight_version}
+        engines = get([e.state_dict.remote() for e in self.engines], "checkpoint (engine state)", self.timeout_s, self.labels)
+        return {"engines": engines, "weight_version": self.weight_version}
 
     def load_state_dict(self, state: dict) -> None:
-        ray.get([e.load_state_dict.remote(s) for e, s in zip(self.engines, state["engines"])])
+        get([e.load_state_dict.remote(s) for e, s in zip(self.engines, state["engines"])], "resume (engine state)",
+            self.timeout_s, self.labels)
         self.weight_version = state["weight_version"]
 
     def shutdown(self) -> None:
@@ -105,13 +116,14 @@ class RolloutManager:
 class RemoteRollout:
     """The driver's RolloutBackend: every call goes to the manager."""
 
-    def __init__(self, manager, on_shutdown=None):
-        self.manager = manager
+    def __init__(self, manager, calls: RayCalls, on_shutdown=None):
+        self.manager, self.calls = manager, calls
         self.weight_version = 0
         self._on_shutdown = on_shutdown
 
     async def generate(self, samples: list[Sample], sampling: SamplingParams) -> list[Sample]:
-        done = await self.manager.generate.remote(samples, sampling)
+        done = await self.calls.get_async(self.manager.generate.remote(samples, sampling), "rollout generate",
+                                          "the rollout manager", nested=True)
         for mine, theirs in zip(samples, done):  # fill the caller's objects in place, as an in-process engine does
             mine.__dict__.update(theirs.__dict__)
         return samples
@@ -121,21 +133,25 @@ class RemoteRollout:
 
     def update_weights(self, named_tensors, version: int) -> None:
         ref = getattr(named_tensors, "ref", None)
-        ray.get(self.manager.update_weights.remote([ref if ref is not None else ray.put(list(named_tensors))], version))
+        ref = ref if ref is not None else ray.put(list(named_tensors))
+        self.calls.get(self.manager.update_weights.remote([ref], version), "weight sync", ["the rollout manager"], nested=True)
         self.weight_version = version
 
     def metrics(self) -> dict[str, float]:
         return {}  # the engines are rollout.backend=local, which has no figures of its own
 
     def state_dict(self) -> dict:
-        return ray.get(self.manager.state_dict.remote())
+        return self.calls.get(self.manager.state_dict.remote(), "checkpoint (rollout state)", ["the rollout manager"],
+                              nested=True)
 
     def load_state_dict(self, state: dict) -> None:
-        ray.get(self.manager.load_state_dict.remote(state))
+        self.calls.get(self.manager.load_state_dict.remote(state), "resume (rollout state)", ["the rollout manager"], nested=True)
         self.weight_version = state["weight_version"]
 
     def shutdown(self) -> None:
-        ray.get(self.manager.shutdown.remote())
+        """Bounded: a manager still stuck in the call that failed does not answer; it is killed all the same (and its
+        engines with it, their owner)."""
+        self.calls.shutdown(self.manager.shutdown.remote(), "rollout shutdown", ["the rollout manager"])
         ray.kill(self.manager)
         if self._on_shutdown is not None:
             self._on_shutdown()
@@ -144,14 +160,14 @@ class RemoteRollout:
 class RemoteSource:
     """The driver's prompt source: the manager's PromptSource."""
 
-    def __init__(self, manager):
-        self.manager = manager
+    def __init__(self, manager, calls: RayCalls):
+        self.manager, self.calls = manager, calls
 
     def next_groups(self, num_groups: int) -> list[list[Sample]]:
-        return ray.get(self.manager.next_groups.remote(num_groups))
+        return self.calls.get(self.manager.next_groups.remote(num_groups), "next prompts", ["the rollout manager"])
 
     def state_dict(self) -> dict:
-        return ray.get(self.manager.source_state.remote())
+        return self.calls.get(self.manager.source_state.remote(), "checkpoint (data position)", ["the rollout manager"])
 
     def load_state_dict(self, state: dict) -> None:
-        ray.get(self.manager.load_source_state.remote(state))
+        self.calls.get(self.manager.load_source_state.remote(state), "resume (data position)", ["the rollout manager"])

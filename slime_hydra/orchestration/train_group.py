@@ -9,6 +9,9 @@ weights and rank 0 answers for the group (weights, checkpoints, state). The SFT 
 rank the whole batch: identical work, identical weights, no communication.
 
 Ranks log their own timings into the driver's MLflow run by run id (`perf/rank<r>_train_time_s`).
+Every wait on a rank has the deadline `cluster.ray_call_timeout_s` (orchestration/calls.py); the ranks'
+collectives have `cluster.distributed_timeout_s` (training/distributed.py), shorter by default, so a rank
+stuck in an all-reduce reports itself before the driver's wait on the whole step runs out.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import ray
 import torch
 
 from slime_hydra.config.schema import AlgorithmConfig, ModelConfig, TrainConfig
+from slime_hydra.orchestration.calls import RayCalls
 from slime_hydra.orchestration.placement import Layout, node_ip_and_free_port, on_bundle
 from slime_hydra.training.base import TrainBatch
 
@@ -58,13 +62,13 @@ class TrainRank:
     def address(self) -> tuple[str, int]:
         return node_ip_and_free_port()
 
-    def setup(self, init_method: str, model: ModelConfig, algorithm: AlgorithmConfig, train: TrainConfig, temperature: float,
-              total_steps: int, max_response_len: int, seed: int) -> None:
+    def setup(self, init_method: str, distributed_timeout_s: float, model: ModelConfig, algorithm: AlgorithmConfig,
+              train: TrainConfig, temperature: float, total_steps: int, max_response_len: int, seed: int) -> None:
         from slime_hydra.engine.build import seed_everything
         from slime_hydra.models.build import build_model, build_tokenizer
         from slime_hydra.training.distributed import DataParallelTorchBackend, init_process_group
 
-        init_process_group(self.rank, self.world_size, init_method, self.device)
+        init_process_group(self.rank, self.world_size, init_method, self.device, distributed_timeout_s)
         seed_everything(seed)
         net = build_model(model, build_tokenizer(model), seed)  # same seed: same initial weights on every rank
         self.trainer = DataParallelTorchBackend(net, algorithm, train, temperature, total_steps, self.device,
@@ -104,18 +108,21 @@ class TrainRank:
 class WeightsRef:
     """rank 0's weights in the object store: iterating fetches them; a rollout manager takes `.ref` as is."""
 
-    def __init__(self, ref):
-        self.ref = ref
+    def __init__(self, ref, calls: RayCalls):
+        self.ref, self.calls = ref, calls
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter(ray.get(self.ref))
+        return iter(self.calls.get(self.ref, "fetching the weights", ["rank 0"]))
 
 
 class TrainGroup:
     """The driver's view of the ranks; implements TrainBackend."""
 
-    def __init__(self, pg, layout: Layout, num_threads: Optional[int], tracking_uri: Optional[str], run_id: Optional[str]):
+    def __init__(self, pg, layout: Layout, num_threads: Optional[int], tracking_uri: Optional[str], run_id: Optional[str],
+                 calls: RayCalls, distributed_timeout_s: float):
         world = len(layout.actor_bundles)
+        self.calls, self.distributed_timeout_s = calls, distributed_timeout_s
+        self.labels = [f"rank {r}" for r in range(world)]
         actor = ray.remote(TrainRank)
         self.ranks = [actor.options(**layout.actor_options(), **on_bundle(pg, b)).remote(r, world, layout.use_gpu, num_threads,
                                                                                           tracking_uri, run_id)
@@ -124,43 +131,44 @@ class TrainGroup:
 
     def setup(self, model: ModelConfig, algorithm: AlgorithmConfig, train: TrainConfig, temperature: float, total_steps: int,
               max_response_len: int, seed: int) -> None:
-        ip, port = ray.get(self.ranks[0].address.remote())
+        ip, port = self.calls.get(self.ranks[0].address.remote(), "starting the train actor", ["rank 0"])
         self.num_steps = train.num_steps_per_rollout
-        ray.get([r.setup.remote(f"tcp://{ip}:{port}", model, algorithm, train, temperature, total_steps, max_response_len, seed)
-                 for r in self.ranks])
+        self.calls.get([r.setup.remote(f"tcp://{ip}:{port}", self.distributed_timeout_s, model, algorithm, train, temperature,
+                                       total_steps, max_response_len, seed) for r in self.ranks],
+                       "train setup (process group, model)", self.labels)
 
     # -- TrainBackend ------------------------------------------------------------------------
     def async_train(self, batch: TrainBatch) -> list:
-        """One future per rank; ray.get them (or merge_metrics(ray.get(...))) where the loop should wait."""
+        """One future per rank; `calls.get` them (merge_metrics of the results) where the loop should wait."""
         parts = split_for_ranks(batch, self.num_steps, len(self.ranks))
         return [r.train_rollout.remote(p) for r, p in zip(self.ranks, parts)]
 
     def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
-        return merge_metrics(ray.get(self.async_train(batch)))
+        return merge_metrics(self.calls.get(self.async_train(batch), "train step", self.labels))
 
     def reward_kl(self, batch: TrainBatch) -> torch.Tensor:
-        return ray.get(self.ranks[0].call.remote("reward_kl", batch))
+        return self.calls.get(self.ranks[0].call.remote("reward_kl", batch), "reward_kl", ["rank 0"])
 
     def sft_step(self, batch: TrainBatch, lr: float) -> float:
         return self._all("sft_step", batch, lr)
 
     def named_weights(self) -> WeightsRef:
-        return WeightsRef(self.ranks[0].named_weights.remote())
+        return WeightsRef(self.ranks[0].named_weights.remote(), self.calls)
 
     def save_hf(self, path: str, tokenizer) -> None:
-        ray.get(self.ranks[0].call.remote("save_hf", path, tokenizer))
+        self.calls.get(self.ranks[0].call.remote("save_hf", path, tokenizer), "checkpoint (save_hf)", ["rank 0"])
 
     def state_dict(self) -> dict:
-        return ray.get(self.ranks[0].call.remote("state_dict"))
+        return self.calls.get(self.ranks[0].call.remote("state_dict"), "checkpoint (state_dict)", ["rank 0"])
 
     def load_state_dict(self, state: dict) -> None:
         self._all("load_state_dict", state)
 
     def parameters(self, rank: int = 0) -> list[torch.Tensor]:
-        return ray.get(self.ranks[rank].parameters.remote())
+        return self.calls.get(self.ranks[rank].parameters.remote(), "parameters", [f"rank {rank}"])
 
     def _all(self, name: str, *args: Any) -> Any:
-        return ray.get([r.call.remote(name, *args) for r in self.ranks])[0]
+        return self.calls.get([r.call.remote(name, *args) for r in self.ranks], name, self.labels)[0]
 
     def __getattr__(self, name: str):
         """Other trainer methods (freeze_reference, end_warm_start, ...) run on every rank; rank 0 answers. Only
@@ -173,6 +181,7 @@ class TrainGroup:
         return lambda *args: self._all(name, *args)
 
     def shutdown(self) -> None:
-        ray.get([r.shutdown.remote() for r in self.ranks])
+        """Bounded: a rank still stuck in the call that failed does not answer; it is killed all the same."""
+        self.calls.shutdown([r.shutdown.remote() for r in self.ranks], "train shutdown", self.labels)
         for r in self.ranks:
             ray.kill(r)

@@ -9,28 +9,61 @@ model's float32 norms round a gradient of a different scale differently). Clippi
 on identical gradients, so ranks stay identical without broadcasting weights. The step's metrics are
 partial sums on each rank (train_group.merge_metrics adds them up).
 
+Deadlines: the group is created with `cluster.distributed_timeout_s`, which bounds the rendezvous and each
+collective. On gloo (CPU) a collective past it raises; the rank turns that into a RunError naming the collective,
+the rank and the key, which reaches the driver as that message. On NCCL the timeout is enforced by torch's
+watchdog thread, as torch's TORCH_NCCL_ASYNC_ERROR_HANDLING says (default 3, SkipCleanUp: the rank's process is
+torn down), so the driver sees the rank die and names it; set to 0, nothing fires and the driver's
+`cluster.ray_call_timeout_s` is the deadline.
+
 Left out: sharded optimizer state, bucketed overlap of communication with backward, and the critic
 (that is what the megatron backend is for); the tiny model's gradients fit one flat buffer.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+from typing import Iterator
+
 import torch
 import torch.distributed as dist
 
+from slime_hydra.errors import RunError
 from slime_hydra.training.torch_backend import TorchTrainBackend
 
+KEY = "cluster.distributed_timeout_s"
+_timeout_s = [float(dist.default_pg_timeout.total_seconds())]  # this process's group's, once init_process_group set it
 
-def init_process_group(rank: int, world_size: int, init_method: str, device: torch.device) -> None:
-    """gloo on CPU, NCCL on GPU."""
+
+def init_process_group(rank: int, world_size: int, init_method: str, device: torch.device, timeout_s: float) -> None:
+    """gloo on CPU, NCCL on GPU; rendezvous and every collective bounded by `timeout_s`."""
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=rank,
-                                world_size=world_size)
+        with collective(f"creating the process group ({init_method}, {world_size} ranks)", rank, timeout_s):
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=rank,
+                                    world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+        _timeout_s[0] = timeout_s
+
+
+@contextlib.contextmanager
+def collective(what: str, rank: int | None = None, timeout_s: float | None = None) -> Iterator[None]:
+    """A failed rendezvous or collective (timed out, or a peer gone) as a RunError naming it, the rank and the key."""
+    try:
+        yield
+    except RuntimeError as e:  # torch.distributed's errors (DistError, DistStoreError, gloo's) are RuntimeErrors
+        r = dist.get_rank() if rank is None else rank
+        t = _timeout_s[0] if timeout_s is None else timeout_s
+        first = (str(e).strip().splitlines() or [repr(e)])[0][:300]
+        timed_out = "timed out" in str(e).lower()
+        why = (f"did not complete within {KEY}={t:g} s ({first}): another rank is stuck or gone; raise {KEY} if it is "
+               "only slow" if timed_out else f"failed: {first}")
+        raise RunError(f"{what} on rank {r} {why}.") from e
 
 
 def all_reduce_sum(value: float, device: torch.device) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
+    with collective("all-reduce of the step's loss denominator"):
+        dist.all_reduce(t)
     return t.item()
 
 
@@ -38,7 +71,8 @@ def all_reduce_gradients(params: list[torch.nn.Parameter]) -> None:
     """grad <- sum over ranks of grad_r, in one flat buffer (one collective)."""
     grads = [p.grad for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
+    with collective("all-reduce of the gradients"):
+        dist.all_reduce(flat)
     offset = 0
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))

@@ -90,7 +90,10 @@ class ManagedProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            self.proc.wait()
+            try:  # SIGKILL cannot be ignored, but a process in uninterruptible I/O (a stuck driver) exits only later
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
 
     def log_tail(self, n: int = 30) -> str:
         try:

@@ -46,14 +46,14 @@ from slime_hydra.training.schedule import lr_multiplier
 class MegatronTrainBackend:
     def __init__(self, hf_weights, hf_config, model: ModelConfig, parallel: ParallelismConfig, algorithm: AlgorithmConfig,
                  train: TrainConfig, temperature: float, total_steps: int, device: torch.device, seed: int = 1234,
-                 max_response_len: Optional[int] = None, sdpa: bool = True):
+                 max_response_len: Optional[int] = None, sdpa: bool = True, distributed_timeout_s: float = 1800.0):
         """hf_weights: HF name -> tensor (a state dict or convert.SafetensorsDir); hf_config: its transformers config.
         train.megatron holds this backend's own settings (compile_layers, grad_reduce_in_fp32, log_probs_chunk_size,
         compile_log_probs); train.adam_impl picks torch's AdamW implementation under megatron's optimizer."""
         problems = convert.check_convertible(model)
         if problems:
             raise ValueError(problems[0])
-        init_parallel(parallel, seed, "nccl" if device.type == "cuda" else "gloo")
+        init_parallel(parallel, seed, "nccl" if device.type == "cuda" else "gloo", distributed_timeout_s)
         self.mcfg, self.pcfg, self.algo, self.cfg = model, parallel, algorithm, train
         self.hf_config, self.device, self.temperature, self.total_steps = hf_config, device, temperature, total_steps
         self.max_response_len = max_response_len

@@ -6,6 +6,7 @@ one-rank group is created on a free loopback port. Under torchrun / Ray the call
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 
@@ -23,12 +24,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_parallel(p: ParallelismConfig, seed: int, backend: str) -> None:
-    """Idempotent: (re)initialises megatron's model-parallel groups for `p` on the current world."""
+def init_parallel(p: ParallelismConfig, seed: int, backend: str, timeout_s: float = 1800.0) -> None:
+    """Idempotent: (re)initialises megatron's model-parallel groups for `p` on the current world. timeout_s
+    (cluster.distributed_timeout_s) bounds the rendezvous and every collective of the groups created here."""
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        dist.init_process_group(backend, rank=int(os.environ.get("RANK", 0)), world_size=int(os.environ.get("WORLD_SIZE", 1)))
+        dist.init_process_group(backend, rank=int(os.environ.get("RANK", 0)), world_size=int(os.environ.get("WORLD_SIZE", 1)),
+                                timeout=datetime.timedelta(seconds=timeout_s))
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if ps.model_parallel_is_initialized():
@@ -36,5 +39,6 @@ def init_parallel(p: ParallelismConfig, seed: int, backend: str) -> None:
     ps.initialize_model_parallel(tensor_model_parallel_size=p.tensor_model_parallel_size,
                                  pipeline_model_parallel_size=p.pipeline_model_parallel_size,
                                  context_parallel_size=p.context_parallel_size,
-                                 expert_model_parallel_size=p.expert_model_parallel_size)
+                                 expert_model_parallel_size=p.expert_model_parallel_size,
+                                 distributed_timeout_minutes=max(1, round(timeout_s / 60)))
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
