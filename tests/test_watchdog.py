@@ -112,3 +112,16 @@ def test_cli_run_whose_reward_hangs_exits_3_with_the_stacks(workdir, monkeypatch
     assert f"{workdir / 'out' / 'checkpoints' / 'rollout_000001'}: resume with load=" in r.stderr, r.stderr[-2000:]
     dump = (workdir / "out" / "stall_stacks.txt").read_text()
     assert "hangs_after_two_rollouts" in dump and "stuck_in_a_named_place" in dump
+
+
+def test_watchdog_and_reward_deadlines_are_checked_before_anything_starts():
+    from slime_hydra.config.preflight import compose_run
+    from slime_hydra.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        compose_run(["stall_timeout_factor=0", "stall_min_timeout_s=-1", "reward.custom_rm_timeout_s=0"])
+    text = str(e.value)
+    assert "3 config errors" in text
+    assert "stall_timeout_factor=0.0 must be > 0; stall_watchdog=false switches the watchdog off" in text
+    assert "stall_min_timeout_s=-1.0 must be > 0" in text and "reward.custom_rm_timeout_s=0.0 must be > 0" in text
+    compose_run(["stall_watchdog=false"])

@@ -253,6 +253,7 @@ def check(cfg: RunConfig) -> tuple[RunConfig, list[str], list[str]]:
     check_target("reward.custom_rm", cfg.reward.custom_rm, 1, problems)
     check_agent(cfg, problems)
     check_reward(cfg, problems)
+    check_stall_watchdog(cfg, problems)
     check_cluster(cfg, problems, notes)
     if cfg.rollout.backend == "sglang":  # reads sglang's sources with ast, imports nothing
         from slime_hydra.rollout.sglang.checks import check_sglang
@@ -292,6 +293,14 @@ def check_reward(cfg: RunConfig, problems: list[str]) -> None:
             problems.append(f"reward.{key}={getattr(rm, key)} must be >= {1 if key == 'rm_concurrency' else 0}")
     if rm.rm_timeout_s <= 0:
         problems.append(f"reward.rm_timeout_s={rm.rm_timeout_s} must be > 0")
+    if rm.custom_rm_timeout_s <= 0:
+        problems.append(f"reward.custom_rm_timeout_s={rm.custom_rm_timeout_s} must be > 0 (seconds)")
+
+
+def check_stall_watchdog(cfg: RunConfig, problems: list[str]) -> None:
+    for key in ("stall_timeout_factor", "stall_min_timeout_s"):
+        if getattr(cfg, key) <= 0:
+            problems.append(f"{key}={getattr(cfg, key)} must be > 0; stall_watchdog=false switches the watchdog off")
 
 
 def check_cluster(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
