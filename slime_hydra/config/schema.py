@@ -423,15 +423,15 @@ class RunConfig:
     # (checkpoints newer than `latest` are never taken). engine/checkpoint.py, docs/reliability.md
     load: Optional[str] = None
     output_dir: Optional[str] = None  # None: the Hydra job's output directory
-
-
-# group name -> schema, registered under schema/<group> in the ConfigStore
     # Stall watchdog (engine/watchdog.py): once a rollout step has finished, if the next one does not finish within
     # max(stall_min_timeout_s, stall_timeout_factor x the longest of the last 5 steps), every thread's stack goes to
     # <output_dir>/stall_stacks.txt and the run fails (exit 3) naming it and the last checkpoint.
     stall_watchdog: bool = True
     stall_timeout_factor: float = 10.0
     stall_min_timeout_s: float = 600.0
+
+
+# group name -> schema, registered under schema/<group> in the ConfigStore
 GROUP_SCHEMAS: dict[str, type] = {
     "model": ModelConfig,
     "algorithm": AlgorithmConfig,
