@@ -44,7 +44,7 @@ from slime_hydra.engine.build import Components, engine_state
 from slime_hydra.engine.collect import Collected, RolloutPlan, collect_rollout, rollout_plan, weight_lag_metrics, write_rollout_data
 from slime_hydra.engine.loop import due, perf_metrics, prepare, run_eval
 from slime_hydra.engine.report import Progress
-from slime_hydra.engine.session import resume_hint
+from slime_hydra.engine.checkpoint import resume_hint
 from slime_hydra.engine.steps import advantages, rollout_metrics
 from slime_hydra.errors import RunError
 

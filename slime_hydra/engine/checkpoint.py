@@ -287,3 +287,11 @@ def load_state(ckpt: Path) -> dict[str, Any]:
     except Exception as e:  # checked by resolve_checkpoint, so only a file changed since, or a foreign one, gets here
         raise CheckpointError(f"{path}: does not load ({type(e).__name__}: {str(e)[:300]}); point load at the save root "
                               f"{Path(ckpt).parent} to resume from the newest checkpoint there that loads") from e
+
+
+def resume_hint(save_dir: str) -> str:
+    """Where a failed run resumes from: the newest checkpoint, or that there is none."""
+    root = Path(save_dir).resolve()
+    if (root / "latest").is_file():
+        return f"The last checkpoint is {root / (root / 'latest').read_text().strip()}: resume with load={root}."
+    return f"No checkpoint was saved yet (save_interval sets how often; checkpoints go to {save_dir})."

@@ -15,6 +15,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from slime_hydra.config.schema import RunConfig
+from slime_hydra.engine.checkpoint import resume_hint
 from slime_hydra.engine.watchdog import StallWatchdog
 
 
@@ -37,14 +38,6 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     else:
         out[prefix.rstrip(".")] = d
     return out
-
-
-def resume_hint(save_dir: str) -> str:
-    """Where a failed run resumes from: the newest checkpoint, or that there is none."""
-    root = Path(save_dir).resolve()
-    if (root / "latest").is_file():
-        return f"The last checkpoint is {root / (root / 'latest').read_text().strip()}: resume with load={root}."
-    return f"No checkpoint was saved yet (save_interval sets how often; checkpoints go to {save_dir})."
 
 
 def watchdog(cfg: RunConfig, c, out: Path, save_dir: str):
