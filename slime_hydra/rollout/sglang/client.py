@@ -14,10 +14,11 @@ from typing import Optional
 
 import httpx
 
+from slime_hydra.errors import RunError
 from slime_hydra.types import SamplingParams
 
 
-class SGLangRequestError(RuntimeError):
+class SGLangRequestError(RunError):
     pass
 
 

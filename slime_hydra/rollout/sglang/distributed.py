@@ -95,7 +95,7 @@ class UpdateGroup:
         /update_weights_from_distributed requests (= buckets)."""
         if self.pg is None:
             self.open()
-        session = W.has_endpoint(self.url, "/begin_weight_update")
+        session = W.has_endpoint(self.url, "/begin_weight_update", self.timeout_s)
         n = 0
         try:
             for bucket in W.buckets(named_tensors, buffer_bytes, W.DTYPES[dtype]):

@@ -21,13 +21,14 @@ from typing import Any, Callable, Optional
 
 import httpx
 
+from slime_hydra.errors import RunError
 from slime_hydra.rollout.sglang.process import ManagedProcess, free_port
 from slime_hydra.rollout.sglang.server_args import to_argv
 
 log = logging.getLogger(__name__)
 
 
-class EngineStartError(RuntimeError):
+class EngineStartError(RunError):
     pass
 
 

@@ -24,10 +24,12 @@ from typing import Iterable, Iterator, Optional
 import httpx
 import torch
 
+from slime_hydra.errors import RunError
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
-class WeightSyncError(RuntimeError):
+class WeightSyncError(RunError):
     pass
 
 
@@ -52,7 +54,12 @@ def buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], max_bytes: int,
 
 
 def post(url: str, path: str, payload: dict | None = None, timeout: float = 600.0) -> httpx.Response:
-    return httpx.post(url + path, json=payload or {}, timeout=timeout)
+    try:
+        return httpx.post(url + path, json=payload or {}, timeout=timeout)
+    except httpx.TimeoutException as e:
+        raise WeightSyncError(f"POST {url}{path}: no answer within {timeout:g} s ({type(e).__name__}); the engine is "
+                              "stuck or overloaded: raise rollout.sglang_request_timeout_s if it is only slow, and "
+                              "resume from the last checkpoint") from None
 
 
 def ok(r: httpx.Response, what: str) -> dict:
@@ -108,8 +115,8 @@ def serialize_bucket(bucket: list[tuple[str, torch.Tensor]], dtype: torch.dtype)
         return MultiprocessingSerializer.serialize(tensors, output_str=True), None, tensors
 
 
-def has_endpoint(url: str, path: str) -> bool:
-    r = post(url, path, {}, timeout=60)
+def has_endpoint(url: str, path: str, timeout: float) -> bool:
+    r = post(url, path, {}, timeout)
     if r.status_code == 404:
         return False
     ok(r, path)
@@ -119,7 +126,7 @@ def has_endpoint(url: str, path: str) -> bool:
 def update_from_tensors(url: str, named_tensors: list[tuple[str, torch.Tensor]], version: int, tp_size: int,
                         buffer_bytes: int, dtype: str, timeout: float) -> int:
     """All buckets to one engine; returns the number of /update_weights_from_tensor requests (= buckets)."""
-    session = has_endpoint(url, "/begin_weight_update")
+    session = has_endpoint(url, "/begin_weight_update", timeout)
     n = 0
     try:
         for bucket in buckets(named_tensors, buffer_bytes, DTYPES[dtype]):

@@ -1,0 +1,72 @@
+"""A weight-sync request and a generate request that never get an answer (issue 23's fault cases): a real HTTP
+server on loopback accepts them and stays silent; each wait ends at its key's deadline with a RunError (exit 3)
+naming the request and the key, not a bare httpx traceback and not a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+import torch
+
+from slime_hydra.errors import RunError
+from slime_hydra.rollout.sglang import weights as W
+from slime_hydra.rollout.sglang.client import RouterClient, SGLangRequestError
+from slime_hydra.types import SamplingParams
+
+
+@pytest.fixture
+def silent_server():
+    """Reads each request, then answers nothing until the test ends."""
+    release = threading.Event()
+
+    class Silent(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            release.wait(60)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Silent)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    release.set()
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_weight_sync_request_that_hangs_fails_at_its_deadline_naming_the_key(silent_server):
+    named = [("model.norm.weight", torch.ones(8)), ("lm_head.weight", torch.ones(4, 8))]
+    t0 = time.monotonic()
+    with pytest.raises(W.WeightSyncError) as e:
+        W.update_from_tensors(silent_server, named, version=1, tp_size=1, buffer_bytes=1 << 20, dtype="float32", timeout=1.0)
+    took = time.monotonic() - t0
+    assert 0.9 < took < 10, took  # the first request (the session probe) waited its 1 s, no fixed 60 s
+    msg = str(e.value)
+    assert f"POST {silent_server}/begin_weight_update: no answer within 1 s" in msg
+    assert "rollout.sglang_request_timeout_s" in msg and "resume from the last checkpoint" in msg
+    assert isinstance(e.value, RunError)  # the CLI prints it without a traceback and exits 3
+
+
+def test_a_generate_request_that_hangs_is_retried_then_fails_naming_the_keys(silent_server):
+    client = RouterClient(silent_server, concurrency=4, timeout_s=0.5, max_retries=1, backoff_s=0.1)
+    sp = SamplingParams(max_new_tokens=4)
+
+    async def go():
+        async with httpx.AsyncClient() as http:
+            return await client.generate(http, asyncio.Semaphore(4), [[1, 2, 3]], sp, 4, None, lambda: False)
+
+    t0 = time.monotonic()
+    with pytest.raises(SGLangRequestError) as e:
+        asyncio.run(go())
+    assert time.monotonic() - t0 < 10
+    msg = str(e.value)
+    assert f"POST {silent_server}/generate failed after 2 attempt(s): ReadTimeout" in msg
+    assert "rollout.sglang_max_retries or rollout.sglang_request_timeout_s" in msg
+    assert client.retried == 1 and isinstance(e.value, RunError)
