@@ -126,6 +126,27 @@ def test_surplus_groups_keep_their_generation_with_partial_rollout(parts):
     assert {s.index: s.tokens for s in got.samples if s.index in kept_back} == {14: kept_back[14], 15: kept_back[15]}
 
 
+def drops_everything(group):
+    return False, "never"
+
+
+def test_a_filter_that_never_keeps_a_group_stops_at_max_rounds_naming_the_keys(parts):
+    """Without the bound this rollout would never end; with max_rounds=3 it stops after 3 rounds of 4 groups."""
+    from slime_hydra.errors import RunError
+
+    rollout, source = make(parts, n=2)
+    buf = DataBuffer(source)
+    scorer = RewardScorer(RewardConfig(custom_rm={"_target_": "tests.test_buffer.group_pattern_reward"}))
+    plan = RolloutPlan(rollout_batch_size=4, over_sampling_batch_size=4, dynamic_sampling_filter=drops_everything,
+                       max_rounds=3)
+    with pytest.raises(RunError) as e:
+        collect_rollout(rollout, buf, scorer, SamplingParams(max_new_tokens=3), plan)
+    assert ("dynamic sampling: 0 of rollout.rollout_batch_size=4 groups passed rollout.dynamic_sampling_filter in "
+            "rollout.max_dynamic_sampling_rounds=3 rounds of 4 groups (12 dropped: 12 never)") in str(e.value)
+    with pytest.raises(ConfigError, match=r"rollout.max_dynamic_sampling_rounds=0 must be >= 1"):
+        compose_run(["rollout.max_dynamic_sampling_rounds=0"])
+
+
 # -- partial rollout -------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mask", [False, True])

@@ -165,6 +165,9 @@ class RolloutConfig:
     # groups submitted per generation round; rounds repeat until rollout_batch_size groups pass
     # dynamic_sampling_filter. None: rollout_batch_size
     over_sampling_batch_size: Optional[int] = None
+    # rounds one rollout may take before the run stops (a filter that drops every group would loop forever);
+    # verl's DAPO recipe calls it max_num_gen_batches
+    max_dynamic_sampling_rounds: int = 100
     # {"_target_": "pkg.mod.fn", **kwargs}: fn(group: list[Sample], **kwargs) -> bool | (bool, reason);
     # False drops the finished group. Built-in: slime_hydra.data.buffer.check_reward_nonzero_std (DAPO)
     dynamic_sampling_filter: dict[str, Any] = field(default_factory=dict)  # empty: keep every group

@@ -61,6 +61,8 @@ def check_buffer(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
         problems.append(f"rollout.over_sampling_batch_size={r.over_sampling_batch_size} must be >= 1 or null "
                         f"(null: rollout.rollout_batch_size={r.rollout_batch_size})")
     check_target("rollout.dynamic_sampling_filter", r.dynamic_sampling_filter, 1, problems)
+    if r.max_dynamic_sampling_rounds < 1:
+        problems.append(f"rollout.max_dynamic_sampling_rounds={r.max_dynamic_sampling_rounds} must be >= 1")
     check_target("rollout.buffer_filter", r.buffer_filter, 2, problems)
     if r.mask_offpolicy_in_partial_rollout and not r.partial_rollout:
         problems.append("rollout.mask_offpolicy_in_partial_rollout=true has no effect without rollout.partial_rollout=true; "

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 from slime_hydra.aio import run_sync
 from slime_hydra.data.buffer import DataBuffer, Group, is_done
+from slime_hydra.errors import RunError
 from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.rollout.base import RolloutBackend
 from slime_hydra.types import Sample, SamplingParams, Status
@@ -32,6 +33,7 @@ class RolloutPlan:
     dynamic_sampling_filter: Optional[Callable] = None
     partial_rollout: bool = False
     mask_offpolicy_in_partial_rollout: bool = False
+    max_rounds: int = 100
 
 
 @dataclass
@@ -54,6 +56,13 @@ async def _collect(rollout, buffer: DataBuffer, scorer: RewardScorer, sampling: 
     poll = 0 if getattr(rollout, "cooperative", False) else 0.002
     while len(kept) < plan.rollout_batch_size:
         rounds += 1
+        if rounds > plan.max_rounds:
+            reasons = ", ".join(f"{n} {r}" for r, n in Counter(r for _, r in dropped).most_common(3))
+            raise RunError(f"dynamic sampling: {len(kept)} of rollout.rollout_batch_size={plan.rollout_batch_size} "
+                           f"groups passed rollout.dynamic_sampling_filter in rollout.max_dynamic_sampling_rounds="
+                           f"{plan.max_rounds} rounds of {plan.over_sampling_batch_size} groups ({len(dropped)} dropped: "
+                           f"{reasons}); loosen the filter, raise rollout.over_sampling_batch_size or "
+                           "rollout.max_dynamic_sampling_rounds")
         groups = buffer.get_groups(plan.over_sampling_batch_size)
         todo = [s for g in groups for s in g if not is_done(s)]
         first_version = {id(s): s.weight_version for s in todo if s.response_length}  # continued partial samples
@@ -128,7 +137,8 @@ def rollout_plan(r) -> RolloutPlan:
     from slime_hydra.config.plugins import load_target
 
     return RolloutPlan(r.rollout_batch_size, r.over_sampling_batch_size or r.rollout_batch_size,
-                       load_target(r.dynamic_sampling_filter), r.partial_rollout, r.mask_offpolicy_in_partial_rollout)
+                       load_target(r.dynamic_sampling_filter), r.partial_rollout, r.mask_offpolicy_in_partial_rollout,
+                       r.max_dynamic_sampling_rounds)
 
 
 def write_rollout_data(template: str, rollout_id: int, got: Collected) -> None:
