@@ -55,6 +55,7 @@ class SGLangRollout:
         self._sync_lock = threading.Lock()
         self._aborted = False
         self._released = False
+        self._weights_lost = False  # released since the last sync: /resume_memory_occupation brings back memory, not weights
         self.sync_stats: dict[str, float] = {}  # the last sync's, until metrics() reports them
         self._stats_lock = threading.Lock()
         t0 = time.perf_counter()
@@ -92,6 +93,8 @@ class SGLangRollout:
         self._aborted = False
         if self._released:
             self.resume_memory()
+        if self._weights_lost:
+            self._restore_weights()
         n = self.client.concurrency
         async with httpx.AsyncClient(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n)) as client:
             sem = asyncio.Semaphore(n)
@@ -150,6 +153,7 @@ class SGLangRollout:
             t1 = time.perf_counter()
             requests = sum(self._sync_engine(e, tensors, version) for e in self.group.engines if e.healthy.is_set())
             self._last_weights, self.weight_version, self.synced_version = tensors, version, version
+            self._weights_lost = False
         t2 = time.perf_counter()
         if self.cfg.check_weight_update_equal:
             for e in self.group.engines:
@@ -182,6 +186,20 @@ class SGLangRollout:
                 W.post(e.url, "/continue_generation", {}, timeout)
         return n
 
+    def _restore_weights(self) -> None:
+        """Generation after a release with no sync in between (an eval, then the next rollout; or two evals) would
+        run on whatever the resumed memory holds: re-send the last synced weights first. They are still the
+        trainer's (no train step ran since that sync, or a sync would have followed it)."""
+        with self._sync_lock:
+            for e in self.group.engines:
+                if not e.healthy.is_set():
+                    continue
+                if self.synced_version is not None:
+                    self._sync_engine(e, self._last_weights, self.synced_version)
+                else:  # nothing synced yet: the weights the engine started from
+                    W.update_from_disk(e.url, self.init_dir, 0, self.cfg.sglang_request_timeout_s)
+            self._weights_lost = False
+
     def _resync(self, e: Engine) -> None:
         """A restarted engine gets the last synced weights and version before it serves."""
         with self._sync_lock:
@@ -198,7 +216,7 @@ class SGLangRollout:
             return
         for e in self.group.engines:
             W.ok(W.post(e.url, "/release_memory_occupation", {}, self.cfg.sglang_request_timeout_s), "release_memory_occupation")
-        self._released = True
+        self._released = self._weights_lost = True
 
     def resume_memory(self) -> None:
         for e in self.group.engines:
