@@ -70,3 +70,23 @@ def test_a_generate_request_that_hangs_is_retried_then_fails_naming_the_keys(sil
     assert f"POST {silent_server}/generate failed after 2 attempt(s): ReadTimeout" in msg
     assert "rollout.sglang_max_retries or rollout.sglang_request_timeout_s" in msg
     assert client.retried == 1 and isinstance(e.value, RunError)
+
+
+def test_an_engine_that_does_not_start_in_time_fails_naming_the_key_and_leaves_no_process(tmp_path):
+    """A real SGLang server on CPU needs tens of seconds to load; with a 2 s start deadline the run ends with
+    exit 3 (a RunError, no traceback) naming the engine, the key to raise and the engine's log, and the server
+    process it started is gone (it would hold a GPU otherwise)."""
+    import subprocess
+
+    from tests.conftest import run_cli
+
+    out = tmp_path / "run"
+    r = run_cli(["experiment=grpo/qwen3-tiny-addition-cpu-sglang-torch-v1", "logger=none", "logger.progress_bar=false",
+                 "warmstart.steps=0", "eval=none", "num_rollout=1", "rollout.sglang_server_start_timeout_s=2",
+                 f"output_dir={out}"], tmp_path, timeout=300)
+    assert r.returncode == 3, r.stderr[-3000:]
+    assert "did not answer" in r.stderr and "within 2 s" in r.stderr, r.stderr[-3000:]
+    assert "rollout.sglang_server_start_timeout_s" in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert str(out / "sglang" / "logs") in r.stderr  # where to look
+    left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
+    assert left == [], f"processes still running for {out}: {left}"
