@@ -137,8 +137,15 @@ def create_placement_group(c: ClusterConfig, where: str):
         remove_placement_group(pg)
         raise UserError(f"the placement group of {layout.num_bundles} bundle(s) of {layout.bundle} was not scheduled within "
                         f"cluster.placement_timeout_s={c.placement_timeout_s:g} s on {where} (free now: "
-                        f"{ray.available_resources()}); other jobs hold the resources, or raise cluster.placement_timeout_s")
+                        f"{free_resources()}); other jobs hold the resources, or raise cluster.placement_timeout_s")
     return pg, layout
+
+
+def free_resources() -> dict[str, float]:
+    """What the cluster has free, without the per-placement-group names Ray adds (CPU_group_<id>, bundle_group_...)."""
+    import ray
+
+    return {k: v for k, v in ray.available_resources().items() if "_group_" not in k and not k.startswith("node:")}
 
 
 def on_bundle(pg, index: int) -> dict:
