@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Issue 19 part 2 on the H200: both shipped 1n1g experiments (megatron and torch) through the CLI for 40 rollouts
+# (save every 20, every weight sync checked, held-out eval every 10), each resumed from its rollout-20 checkpoint
+# to 40, then a short torch run with the engine's memory released around training (commit efda410's fix).
+#   usage: bash benchmarks/gpu/issue19_experiments.sh PART...   (from the repo root, on the H200 machine)
+#   parts: setup       pip-install .gpuwhl and .whl into /tmp/site (and sglang from .sgl/10 when carried)
+#          ckpt        the random HF checkpoint the experiments' model.hf_checkpoint names
+#          megatron | megatron-resume | torch | torch-resume | offload    one run each, into $ROOT/<part>
+#          report      benchmarks/gpu/issue19_report.py over $ROOT -> $ROOT/report.json, report.md
+#          bg PART...  the parts in order, detached (setsid), progress in $ROOT/progress.log
+#          wait S      until the detached parts finish or S seconds pass; then report, and logs to $OUT
+# The machine keeps /tmp only while warm (30 s after each call): issue each `wait` call right after the last one
+# returns, or the next call lands on a fresh, bare machine (it did once here: the torch runs were lost).
+# sglang 0.5.17 comes from ../shared/tools/sglang-h200/ (calls 1-9 copy .sgl/NN into /tmp/sgl-parts).
+set -uo pipefail
+ROOT=${ROOT:-/tmp/i19}
+MEG=grpo/qwen3-0.6b-addition-1n1g-megatron-sglang-colocate-v1
+TOR=grpo/qwen3-0.6b-addition-1n1g-torch-sglang-colocate-v1
+COMMON="num_rollout=40 save_interval=20 rollout.check_weight_update_equal=true logger=tensorboard logger.progress_bar=false"
+mkdir -p "$ROOT"
+export PYTHONPATH=/tmp/sgl-site:/tmp/sgl-sc:/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+
+run() {  # run NAME overrides...: one CLI run into $ROOT/NAME, its launch time and exit code in launch.json
+  local name=$1; shift
+  local dir=$ROOT/$name start rc
+  rm -rf "$dir"; mkdir -p "$dir"
+  start=$(date +%s.%N)
+  echo "[$(date +%T)] $name: python3 -m slime_hydra $* output_dir=$dir" | tee -a "$ROOT/progress.log"
+  python3 -m slime_hydra "$@" output_dir="$dir" > "$dir/run.log" 2>&1
+  rc=$?
+  printf '{"start": %s, "end": %s, "rc": %d}\n' "$start" "$(date +%s.%N)" "$rc" > "$dir/launch.json"
+  echo "[$(date +%T)] $name: exit $rc" | tee -a "$ROOT/progress.log"
+  return $rc
+}
+
+part() {
+  case $1 in
+    setup)
+      [ -d /tmp/site/hydra ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpuwhl/*.whl .whl/*.whl || return 3
+      if ! [ -f /tmp/sgl-site/sglang/version.py ] && [ -f .sgl/10/install.sh ]; then bash .sgl/10/install.sh || return 3; fi ;;
+    ckpt)
+      local t0=$SECONDS
+      python3 -m slime_hydra.models.random_checkpoint experiment=$MEG > "$ROOT/ckpt.log" 2>&1
+      echo "[$(date +%T)] ckpt: exit $? in $((SECONDS - t0)) s" | tee -a "$ROOT/progress.log" ;;
+    megatron) run megatron experiment=$MEG $COMMON ;;
+    megatron-resume) run megatron-resume experiment=$MEG $COMMON load=$ROOT/megatron/checkpoints/rollout_000019 ;;
+    torch) run torch experiment=$TOR $COMMON ;;
+    torch-resume) run torch-resume experiment=$TOR $COMMON load=$ROOT/torch/checkpoints/rollout_000019 ;;
+    offload)  # from the torch run's rollout-20 checkpoint (no warm start): 6 rollouts, an eval every 2
+      run offload experiment=$TOR cluster.offload_rollout=true +rollout.sglang.enable_memory_saver=true \
+        num_rollout=26 eval.eval_interval=2 save_interval=null rollout.check_weight_update_equal=true logger=tensorboard \
+        logger.progress_bar=false load=$ROOT/torch/checkpoints/rollout_000019 ;;
+    report)
+      python3 benchmarks/gpu/issue19_report.py "$ROOT" --json "$ROOT/report.json" > "$ROOT/report.md" 2> "$ROOT/report.err"
+      echo "[$(date +%T)] report: exit $?" | tee -a "$ROOT/progress.log" ;;
+    slim)  # after both megatron runs are read: drop the big checkpoint files (state.pt with the history stays)
+      rm -rf "$ROOT"/megatron*/checkpoints/rollout_*/megatron "$ROOT"/megatron*/checkpoints/rollout_*/model.safetensors ;;
+    *) echo "unknown part $1"; return 2 ;;
+  esac
+}
+
+case ${1:-} in
+  bg)
+    shift
+    rm -f "$ROOT/done"
+    setsid bash -c "for p in $*; do bash $0 \$p; done; touch $ROOT/done" > "$ROOT/bg.log" 2>&1 < /dev/null &
+    echo $! > "$ROOT/bg.pid"
+    echo "started: $*" ;;
+  wait)  # a machine that went back between calls comes back bare: no bg.pid, so this returns at once
+    limit=${2:-540}
+    [ -f "$ROOT/bg.pid" ] || echo "no detached parts on this machine (a fresh one? /tmp is empty after a give-back)"
+    while [ ! -f "$ROOT/done" ] && [ -f "$ROOT/bg.pid" ] && kill -0 "$(cat "$ROOT/bg.pid")" 2>/dev/null \
+          && [ $SECONDS -lt "$limit" ]; do sleep 5; done
+    part report
+    out=${OUT:-/tmp/out}; mkdir -p "$out"
+    cp "$ROOT/progress.log" "$ROOT/report.md" "$ROOT/report.json" "$out/" 2>/dev/null
+    nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader; df -h /tmp | tail -1
+    # every run's log, its sglang engine log's tail, composed config (no weights)
+    (cd "$ROOT" && tar czf "$out/logs.tgz" --exclude='*.safetensors' --exclude='*.pt' \
+      ckpt.log bg.log */run.log */launch.json */composed_config.yaml */sglang/logs 2>/dev/null)
+    cat "$ROOT/progress.log"; tail -c 3000 "$ROOT/report.md"; cat "$ROOT/report.err"
+    [ -f "$ROOT/done" ] && echo ALL-DONE || echo STILL-RUNNING ;;
+  *)
+    for p in "$@"; do part "$p"; done ;;
+esac
