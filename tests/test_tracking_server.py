@@ -49,3 +49,28 @@ def test_two_concurrent_runs_into_mlflow_server(mlflow_server, workdir):
         assert {"composed_config.yaml", "summary.json", "reward_curve.png"} <= names
         local = client.download_artifacts(r.info.run_id, "summary.json", str(workdir / f"dl{seed}"))
         assert json.loads(open(local).read()) == summary
+
+
+def test_experiment_created_once_when_many_runs_start_at_once(mlflow_server):
+    """The race CI hit: two runs both find experiment `remote` missing and both create it; the loser's create
+    failed with RESOURCE_ALREADY_EXISTS and the run died. Eight threads race here; all get the winner's id."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    from mlflow.tracking import MlflowClient
+
+    from slime_hydra.tracking.mlflow_tracker import experiment_id
+
+    names = [f"race{i}" for i in range(5)]
+    for name in names:  # several rounds: a single round can miss the window
+        barrier = Barrier(8)
+
+        def start(_: int, name: str = name, barrier: Barrier = barrier) -> str:
+            client = MlflowClient(tracking_uri=mlflow_server)
+            barrier.wait(timeout=60)
+            return experiment_id(client, name)
+
+        with ThreadPoolExecutor(8) as pool:
+            ids = list(pool.map(start, range(8)))
+        assert len(set(ids)) == 1, ids
+        assert MlflowClient(tracking_uri=mlflow_server).get_experiment_by_name(name).experiment_id == ids[0]

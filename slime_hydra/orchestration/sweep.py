@@ -16,6 +16,8 @@ from typing import Any, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from slime_hydra.tracking.mlflow_tracker import experiment_id
+
 PARENT_FILE = ".mlflow_parent_run_id"
 SUMMARY_METRICS = ("eval/addition/accuracy", "rollout/reward_mean")
 
@@ -47,8 +49,7 @@ class MlflowSweepCallback(Callback):
             return
         # creating the parent here also creates the store's tables once, before concurrent jobs open it
         client = _client(config)
-        exp = client.get_experiment_by_name(config.logger.mlflow_experiment)
-        exp_id = exp.experiment_id if exp else client.create_experiment(config.logger.mlflow_experiment)
+        exp_id = experiment_id(client, config.logger.mlflow_experiment)
         overrides = " ".join(config.hydra.overrides.task)
         run = client.create_run(exp_id, run_name=f"sweep:{config.experiment_name}",
                                 tags={"sweep": "parent", "overrides": overrides or "(none)",

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 MAX_PARAM_LEN = 6000
@@ -27,12 +28,27 @@ def artifact_root(tracking_uri: str, experiment: str) -> str | None:
     return (db.parent / "mlruns" / re.sub(r"[^A-Za-z0-9._-]", "_", experiment)).as_uri()
 
 
+def experiment_id(client: MlflowClient, name: str, artifact_location: str | None = None) -> str:
+    """The id of experiment `name`, created if missing. Two runs starting at once against one server both see
+    it missing; the loser's create fails with RESOURCE_ALREADY_EXISTS (or the store's unique constraint), and
+    it then reads the winner's id."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location)
+    except MlflowException:
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
 class MLflowTracker:
     def __init__(self, tracking_uri: str, experiment: str, run_name: str, resume_run_id: str | None = None,
                  parent_run_id: str | None = None):
         self.client = MlflowClient(tracking_uri=tracking_uri)
-        exp = self.client.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment, artifact_location=artifact_root(tracking_uri, experiment))
+        exp_id = experiment_id(self.client, experiment, artifact_root(tracking_uri, experiment))
         if resume_run_id:
             self.run_id = resume_run_id
             self.client.update_run(resume_run_id, status="RUNNING")
