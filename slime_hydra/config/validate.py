@@ -17,6 +17,7 @@ from slime_hydra.config.schema import EvalDatasetConfig, RunConfig
 from slime_hydra.config.validate_algorithm import GROUP_BASELINE, check_algorithm
 from slime_hydra.config.validate_buffer import check_buffer, derive_num_rollout
 from slime_hydra.config.validate_model import check_model_training
+from slime_hydra.config.validate_ray import check_ray_pairing
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "algorithm.advantage_estimator": ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"),
@@ -255,6 +256,7 @@ def check(cfg: RunConfig) -> tuple[RunConfig, list[str], list[str]]:
     check_reward(cfg, problems)
     check_stall_watchdog(cfg, problems)
     check_cluster(cfg, problems, notes)
+    check_ray_pairing(cfg.cluster, cfg.train, cfg.rollout, cfg.algorithm, problems)
     if cfg.rollout.backend == "sglang":  # reads sglang's sources with ast, imports nothing
         from slime_hydra.rollout.sglang.checks import check_sglang
 

@@ -22,7 +22,7 @@ from slime_hydra.engine import checkpoint as ckpt
 from slime_hydra.engine.build import Components, build_eval_sets, load_data, restore, seed_everything
 from slime_hydra.engine.checkpoint import resume_hint
 from slime_hydra.engine.steps import rollout_sampling
-from slime_hydra.errors import ConfigError, UserError
+from slime_hydra.errors import ConfigError
 from slime_hydra.models.build import build_tokenizer
 from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.tracking.base import build_tracker
@@ -34,12 +34,6 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
     from slime_hydra.orchestration.rollout_manager import RemoteRollout, RemoteSource, RolloutManager
     from slime_hydra.orchestration.train_group import TrainGroup
 
-    if cfg.train.backend != "torch" or cfg.rollout.backend != "local":
-        raise UserError(f"cluster.backend=ray drives train.backend=torch ranks and rollout.backend=local engines so far (got "
-                        f"train.backend={cfg.train.backend}, rollout.backend={cfg.rollout.backend}); set cluster.backend=local")
-    if cfg.algorithm.advantage_estimator == "ppo":
-        raise UserError("algorithm.advantage_estimator=ppo: the critic's gradients are not all-reduced over data-parallel ranks "
-                        "yet; set cluster.backend=local")
     seed_everything(cfg.seed)
     tokenizer = build_tokenizer(cfg.model)
     sampling = rollout_sampling(cfg.rollout, (tokenizer.eos_token_id,))
