@@ -13,8 +13,21 @@ t0=$SECONDS
 ROOT=${ROOT:-/tmp/i19}
 OUTD=${OUT:-/tmp/out}
 mkdir -p "$ROOT" "$OUTD"
+# Since 35bd463 every run imports mlflow at Hydra start (conf/config.yaml's hydra.callbacks.mlflow_sweep ->
+# orchestration/sweep.py -> tracking/mlflow_tracker.py), and the H200 image has no mlflow: without it a run stops in
+# 9 s with "Error locating target 'slime_hydra.orchestration.sweep.MlflowSweepCallback'" (part 4, call 10). These
+# runs log to TensorBoard, so an import-only stand-in does (the names mlflow_tracker.py imports, nothing else).
+mlflow_stub() {
+  python3 -c "import mlflow" 2>/dev/null && return 0
+  local s=/tmp/site/mlflow
+  mkdir -p "$s/tracking" && touch "$s/__init__.py" \
+    && printf 'class Metric: pass\nclass Param: pass\nclass RunTag: pass\n' > "$s/entities.py" \
+    && printf 'class MlflowException(Exception): pass\n' > "$s/exceptions.py" \
+    && printf 'class MlflowClient: pass\n' > "$s/tracking/__init__.py"
+}
 if ! [ -f /tmp/sgl-site/sglang/version.py ]; then bash .sgl/10/install.sh || exit 3; fi
 [ -d /tmp/site/hydra ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpuwhl/*.whl || exit 3
+mlflow_stub
 export PYTHONPATH=/tmp/sgl-site:/tmp/sgl-sc:/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled
 echo "setup: $((SECONDS - t0)) s"
 dir=$ROOT/offload
