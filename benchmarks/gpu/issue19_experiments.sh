@@ -49,7 +49,7 @@ run() {  # run NAME overrides...: one CLI run into $ROOT/NAME, its launch time a
 part() {
   case $1 in
     setup)
-      [ -d /tmp/site/hydra ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpuwhl/*.whl .whl/*.whl || return 3
+      [ -d /tmp/site/hydra ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpuwhl/*.whl $(ls .whl/*.whl 2>/dev/null) || return 3  # .whl (megatron-core): megatron runs only
       mlflow_stub
       if ! [ -f /tmp/sgl-site/sglang/version.py ] && [ -f .sgl/10/install.sh ]; then bash .sgl/10/install.sh || return 3; fi ;;
     ckpt)
