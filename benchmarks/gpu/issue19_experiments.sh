@@ -20,6 +20,19 @@ COMMON="num_rollout=40 save_interval=20 rollout.check_weight_update_equal=true l
 mkdir -p "$ROOT"
 export PYTHONPATH=/tmp/sgl-site:/tmp/sgl-sc:/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
+# Since 35bd463 every run imports mlflow at Hydra start (conf/config.yaml's hydra.callbacks.mlflow_sweep ->
+# orchestration/sweep.py -> tracking/mlflow_tracker.py), and the H200 image has no mlflow: without it a run stops in
+# 9 s with "Error locating target 'slime_hydra.orchestration.sweep.MlflowSweepCallback'" (part 4, call 10). These
+# runs log to TensorBoard, so an import-only stand-in does (the names mlflow_tracker.py imports, nothing else).
+mlflow_stub() {
+  python3 -c "import mlflow" 2>/dev/null && return 0
+  local s=/tmp/site/mlflow
+  mkdir -p "$s/tracking" && touch "$s/__init__.py" \
+    && printf 'class Metric: pass\nclass Param: pass\nclass RunTag: pass\n' > "$s/entities.py" \
+    && printf 'class MlflowException(Exception): pass\n' > "$s/exceptions.py" \
+    && printf 'class MlflowClient: pass\n' > "$s/tracking/__init__.py"
+}
+
 run() {  # run NAME overrides...: one CLI run into $ROOT/NAME, its launch time and exit code in launch.json
   local name=$1; shift
   local dir=$ROOT/$name start rc
@@ -36,7 +49,8 @@ run() {  # run NAME overrides...: one CLI run into $ROOT/NAME, its launch time a
 part() {
   case $1 in
     setup)
-      [ -d /tmp/site/hydra ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpuwhl/*.whl .whl/*.whl || return 3
+      [ -d /tmp/site/hydra ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpuwhl/*.whl $(ls .whl/*.whl 2>/dev/null) || return 3  # .whl (megatron-core): megatron runs only
+      mlflow_stub
       if ! [ -f /tmp/sgl-site/sglang/version.py ] && [ -f .sgl/10/install.sh ]; then bash .sgl/10/install.sh || return 3; fi ;;
     ckpt)
       local t0=$SECONDS
