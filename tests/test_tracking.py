@@ -35,3 +35,17 @@ def test_a_relative_sqlite_store_keeps_its_artifacts_in_the_working_directory(tm
     t.log_artifact(str(tmp_path / "mlruns.db"), "copy")
     t.close()
     assert len(list((tmp_path / "mlruns" / "exp").rglob("mlruns.db"))) == 1
+
+
+def test_the_sweep_callback_imports_without_mlflow():
+    """conf/config.yaml registers the sweep callback for every run, so importing it must not need mlflow: a
+    `logger=tensorboard` run on a machine without mlflow (the GPU image) stopped at Hydra start when it did."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nclass Block:\n    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'mlflow' or name.startswith('mlflow.'):\n            raise ImportError('blocked: ' + name)\n"
+            "sys.meta_path.insert(0, Block())\nimport slime_hydra.orchestration.sweep\n"
+            "import slime_hydra.tracking.experiments\nprint('ok', 'mlflow' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["ok", "False"], out.stderr[-2000:]

@@ -59,7 +59,7 @@ def test_experiment_created_once_when_many_runs_start_at_once(mlflow_server):
 
     from mlflow.tracking import MlflowClient
 
-    from slime_hydra.tracking.mlflow_tracker import experiment_id
+    from slime_hydra.tracking.experiments import experiment_id
 
     names = [f"race{i}" for i in range(5)]
     for name in names:  # several rounds: a single round can miss the window

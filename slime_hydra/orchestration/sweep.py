@@ -16,7 +16,7 @@ from typing import Any, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from slime_hydra.tracking.mlflow_tracker import experiment_id
+from slime_hydra.tracking.experiments import experiment_id
 
 PARENT_FILE = ".mlflow_parent_run_id"
 SUMMARY_METRICS = ("eval/addition/accuracy", "rollout/reward_mean")

@@ -7,8 +7,9 @@ import time
 from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunTag
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+
+from slime_hydra.tracking.experiments import experiment_id
 
 MAX_PARAM_LEN = 6000
 
@@ -26,22 +27,6 @@ def artifact_root(tracking_uri: str, experiment: str) -> str | None:
         return None
     db = Path(tracking_uri[len("sqlite:///"):]).resolve()
     return (db.parent / "mlruns" / re.sub(r"[^A-Za-z0-9._-]", "_", experiment)).as_uri()
-
-
-def experiment_id(client: MlflowClient, name: str, artifact_location: str | None = None) -> str:
-    """The id of experiment `name`, created if missing. Two runs starting at once against one server both see
-    it missing; the loser's create fails with RESOURCE_ALREADY_EXISTS (or the store's unique constraint), and
-    it then reads the winner's id."""
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=artifact_location)
-    except MlflowException:
-        exp = client.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return exp.experiment_id
 
 
 class MLflowTracker:
