@@ -6,7 +6,8 @@ max(min_timeout_s, factor x the longest of the last 5 steps), it writes every th
 run directory, prints where it is, and interrupts the main thread with StallError (exit 3). A main thread that
 does not unwind within `grace_s` (stuck in C code) is ended with os._exit(3) after the message is out.
 Before the first step nothing is armed: engine start, warm start and the first eval have timeouts of their own.
-Left out: stacks of Ray actors (the driver's threads only).
+Under Ray, `more_stacks` (orchestration/stacks.collect over the run's actors) appends every actor's stacks to the
+same file: the train ranks' and the rollout manager's, taken by a signal, so a rank stuck in C code answers too.
 """
 
 from __future__ import annotations
@@ -25,13 +26,18 @@ from slime_hydra.errors import StallError
 WINDOW = 5  # recent steps whose longest sets the deadline
 
 
-def dump_stacks(path: Path) -> Path:
-    """Every Python thread's stack, innermost call last, to `path`."""
+def dump_stacks(path: Path, more: Callable[[], str] | None = None) -> Path:
+    """Every Python thread's stack, innermost call last, to `path`; then `more()` (other processes' stacks)."""
     names = {t.ident: t.name for t in threading.enumerate()}
     lines = [f"stall dump at {time.strftime('%Y-%m-%d %H:%M:%S')}, pid {os.getpid()}\n"]
     for ident, frame in sys._current_frames().items():
         lines.append(f"\n--- thread {names.get(ident, '?')} ({ident}) ---\n")
         lines.extend(traceback.format_stack(frame))
+    if more is not None:
+        try:
+            lines.append(f"\n=== other processes ===\n{more()}")
+        except Exception as e:  # the driver's own stacks must reach the file whatever the actors do
+            lines.append(f"\n=== other processes: not collected: {type(e).__name__}: {e} ===\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(lines))
     return path
@@ -41,9 +47,11 @@ class StallWatchdog:
     """`with StallWatchdog(steps, ...)`: `steps()` returns how many rollout steps have finished so far."""
 
     def __init__(self, steps: Callable[[], int], factor: float, min_timeout_s: float, dump_path: Path,
-                 resume_hint: Callable[[], str], poll_s: float = 1.0, grace_s: float = 60.0):
+                 resume_hint: Callable[[], str], poll_s: float = 1.0, grace_s: float = 60.0,
+                 more_stacks: Callable[[], str] | None = None):
         self.steps, self.factor, self.min_timeout_s = steps, factor, min_timeout_s
         self.dump_path, self.resume_hint, self.poll_s, self.grace_s = dump_path, resume_hint, poll_s, grace_s
+        self.more_stacks = more_stacks
         self.fired: Optional[str] = None  # the message, once it fired
         self._stop = threading.Event()
         self._main = threading.main_thread().ident
@@ -85,7 +93,7 @@ class StallWatchdog:
             return
 
     def _fire(self, waited: float, recent: list[float]) -> None:
-        path = dump_stacks(self.dump_path.resolve())
+        path = dump_stacks(self.dump_path.resolve(), self.more_stacks)
         longest = f"{max(recent[-WINDOW:]):.1f} s" if recent else "none yet"
         self.fired = (f"stall: no rollout step finished in {waited:.0f} s (deadline {self.deadline_s(recent):.0f} s: "
                       f"the larger of stall_min_timeout_s={self.min_timeout_s:g} and stall_timeout_factor={self.factor:g} "
