@@ -1,0 +1,188 @@
+"""Token-budget micro-batches (train.use_dynamic_batch_size, training/microbatch.py).
+
+Hand-derived partitions of small cases; random properties (every sample once, every micro-batch within
+the budget unless it is one oversized sample, max cost - min cost <= the longest sample, deterministic);
+split invariance: the torch backend (float64) and its critic give the same step with dynamic micro-batches
+as with fixed ones; the megatron backend on the CPU shim likewise (float32 tolerance).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
+from slime_hydra.engine.steps import advantages
+from slime_hydra.training.microbatch import micro_batch_cost, micro_batch_indices, partition_by_tokens
+from slime_hydra.training.torch_backend import TorchTrainBackend
+from tests.test_algorithms_backend import CPU, MAX_LEN, TOK, base_model, make_batch, samples
+
+torch.set_num_threads(1)
+
+
+# -- the partition ------------------------------------------------------------------------------
+def test_packed_cost_hand():
+    # lengths [5, 3, 2, 2], budget 6, packed (cost = sum). Lower bound k = ceil(12 / 6) = 2.
+    # k=2, longest first: 5 -> bin0 (5), 3 -> bin1 (3), 2 -> cheapest bin1 (5), the last 2 -> cheapest
+    # bin0 (5, lower number on the tie): 7 > 6, and bin1 too: fail. k=3: 5, 3, 2 open a bin each, the last 2
+    # joins the cheapest (the 2): costs 5, 3, 4. Two bins cannot do: 5 fits with nothing above 1, 3+2+2 = 7.
+    assert partition_by_tokens([5, 3, 2, 2], 6, padded=False) == [[0], [1], [2, 3]]
+
+
+def test_padded_cost_hand():
+    # lengths [4, 4, 2, 2, 1], budget 8, padded (cost = rows x longest). k=2: the 4s open a bin each (next-row
+    # cost 8 each); 2 -> bin0 (2 x 4 = 8), 2 -> bin1 (8); 1 -> cheapest next row 3 x 4 = 12 > 8: fail.
+    # k=3: 4, 4, 2 open bins; 2 -> the 2's bin (2 x 2 = 4); 1 -> it again (3 x 2 = 6). Costs 4, 4, 6.
+    # (LPT spreads the longest first: FFD's [4, 4] + [2, 2, 1] would need 2 bins but costs 8 and 6.)
+    assert partition_by_tokens([4, 4, 2, 2, 1], 8, padded=True) == [[0], [1], [2, 3, 4]]
+    # the same lengths packed: k = ceil(13 / 8) = 2; 4 | 4; 2 -> bin0 (6); 2 -> bin1 (6); 1 -> bin0 (7)
+    assert partition_by_tokens([4, 4, 2, 2, 1], 8, padded=False) == [[0, 2, 4], [1, 3]]
+
+
+def test_oversized_sample_trains_alone():
+    # 10 > budget 6 gets its own micro-batch; 3 + 3 = 6 fits one (k = ceil(6 / 6) = 1)
+    assert partition_by_tokens([3, 10, 3], 6, padded=False) == [[0, 2], [1]]
+    assert partition_by_tokens([3, 10, 3], 6, padded=True) == [[0, 2], [1]]  # 2 rows x 3
+    assert partition_by_tokens([7, 9], 6, padded=True) == [[0], [1]]
+
+
+def test_micro_batch_indices_map_back_to_rows():
+    lengths = torch.tensor([9, 4, 4, 2, 2, 1, 7])  # the batch's rows
+    idx = torch.tensor([1, 2, 3, 4, 5])  # this rank's rows: lengths 4, 4, 2, 2, 1 (test_padded_cost_hand)
+    got = micro_batch_indices(idx, lengths, micro_batch_size=2, max_tokens=8, padded=True)
+    assert [g.tolist() for g in got] == [[1], [2], [3, 4, 5]]
+    fixed = micro_batch_indices(idx, lengths, micro_batch_size=2, max_tokens=None, padded=True)
+    assert [g.tolist() for g in fixed] == [[1, 2], [3, 4], [5]]
+    assert [g.tolist() for g in micro_batch_indices(idx, lengths, None, None, True)] == [[1, 2, 3, 4, 5]]
+    assert micro_batch_indices(idx[:0], lengths, 2, 8, True) == []
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_random_partitions_hold_the_contract(padded):
+    rng = random.Random(0)
+    for _ in range(300):
+        n = rng.randint(1, 40)
+        budget = rng.randint(8, 120)
+        # a long tail: mostly short, some beyond the budget
+        lengths = [max(1, int(rng.lognormvariate(2.5, 0.9))) for _ in range(n)]
+        groups = partition_by_tokens(lengths, budget, padded)
+        assert sorted(i for g in groups for i in g) == list(range(n))  # every sample exactly once
+        assert groups == partition_by_tokens(list(lengths), budget, padded)  # deterministic
+        assert all(g == sorted(g) for g in groups) and [g[0] for g in groups] == sorted(g[0] for g in groups)
+        costs = []
+        for g in groups:
+            cost = micro_batch_cost([lengths[i] for i in g], padded)
+            if cost > budget:
+                assert len(g) == 1, (lengths, budget, g)  # only a sample longer than the budget exceeds it
+            else:
+                costs.append(cost)
+        fit = [x for x in lengths if x <= budget]
+        if costs:
+            assert max(costs) - min(costs) <= max(fit), (lengths, budget, groups)  # the LPT balance bound
+            # no more micro-batches than one per sample, no fewer than the total over the budget
+            assert -(-sum(fit) // budget) <= len(costs) <= len(fit)
+
+
+def test_bad_budget_is_refused():
+    with pytest.raises(ValueError, match="max_tokens=0"):
+        partition_by_tokens([1, 2], 0, padded=False)
+
+
+# -- split invariance: torch backend, float64 ---------------------------------------------------
+def torch_backend(algo: AlgorithmConfig, steps: int = 1, **train_kw) -> TorchTrainBackend:
+    train = TrainConfig(global_batch_size=8 // steps, num_steps_per_rollout=steps, lr=1e-3, clip_grad=0.0,
+                        prefix_sharing=False, skip_zero_advantage_samples=not (algo.use_kl_loss or algo.entropy_coef),
+                        **train_kw)
+    b = TorchTrainBackend(base_model(), algo, train, temperature=1.0, total_steps=10, device=CPU, max_response_len=MAX_LEN)
+    b.freeze_reference()
+    return b
+
+
+def lengths_of_samples() -> list[int]:
+    return make_batch().attention_mask.sum(-1).tolist()
+
+
+def test_the_budget_splits_the_test_batch_unevenly():
+    # the invariance below means something only if the budget gives several micro-batches of different sizes
+    lengths = lengths_of_samples()
+    groups = partition_by_tokens(lengths, 24, padded=True)
+    sizes = sorted(len(g) for g in groups)
+    assert len(groups) >= 3 and sizes[0] < sizes[-1], (lengths, groups)
+
+
+INVARIANCE = {
+    "token_mean": dict(loss_aggregation="token_mean"),
+    "seq_mean_token_sum": dict(loss_aggregation="seq_mean_token_sum"),
+    "seq_mean_token_sum_norm": dict(loss_aggregation="seq_mean_token_sum_norm", grpo_std_normalization=False),
+    "sample_token_mean-kl_loss-entropy": dict(use_kl_loss=True, kl_loss_coef=0.1, entropy_coef=0.01),
+}
+
+
+@pytest.mark.parametrize("case", list(INVARIANCE))
+@pytest.mark.parametrize("steps", [1, 2])
+def test_torch_dynamic_batches_give_the_fixed_step(case, steps):
+    """One micro-batch per step (micro_batch_size = the step), micro-batches of 1, and token budgets of 24 (train)
+    and 30 (log-prob pass of the second step's old log-probs): the same loss, grad norm and updated weights."""
+    algo = AlgorithmConfig(**INVARIANCE[case])
+    batch = make_batch(grpo_std_normalization=algo.grpo_std_normalization)
+    whole = torch_backend(algo, steps, micro_batch_size=8 // steps)
+    ones = torch_backend(algo, steps, micro_batch_size=1)
+    dyn = torch_backend(algo, steps, micro_batch_size=1, use_dynamic_batch_size=True, max_tokens_per_gpu=24,
+                        log_probs_max_tokens_per_gpu=30)
+    calls = []
+    split = dyn._micro_batches
+    dyn._micro_batches = lambda *a, **k: calls.append(split(*a, **k)) or calls[-1]
+    m_whole, m_ones, m_dyn = (b.train_rollout(batch) for b in (whole, ones, dyn))
+    assert any(len({len(g) for g in c}) > 1 for c in calls)  # the budget made uneven micro-batches
+    for key in ("train/loss", "train/pg_loss", "train/grad_norm", "train/entropy", "train/pg_clipfrac", "train/ppo_kl"):
+        for m in (m_whole, m_ones):
+            assert abs(m[key] - m_dyn[key]) <= 1e-9 * max(1.0, abs(m[key])), (case, key, m[key], m_dyn[key])
+    for p_whole, p_ones, p_dyn in zip(whole.params, ones.params, dyn.params):
+        assert_close(p_dyn, p_whole, rtol=1e-9, atol=1e-12)
+        assert_close(p_dyn, p_ones, rtol=1e-9, atol=1e-12)
+    # the forward-only pass places every row back where it was
+    assert_close(dyn.compute_log_probs(batch), whole.compute_log_probs(batch), rtol=1e-9, atol=1e-12)
+
+
+def test_torch_critic_dynamic_batches_give_the_fixed_step():
+    algo = AlgorithmConfig(advantage_estimator="ppo", normalize_advantages=True)
+    fixed = torch_backend(algo, micro_batch_size=8, critic_lr=1e-2)
+    dyn = torch_backend(algo, micro_batch_size=1, critic_lr=1e-2, use_dynamic_batch_size=True, max_tokens_per_gpu=24)
+    for _ in range(2):  # the second rollout's values and advantages come from trained critics
+        m_fixed = fixed.train_rollout(advantages(samples(), algo, 2, TOK.pad_token_id, fixed))
+        m_dyn = dyn.train_rollout(advantages(samples(), algo, 2, TOK.pad_token_id, dyn))
+        for key in ("train/value_loss", "train/value_grad_norm", "train/values_mean", "train/pg_loss"):
+            assert abs(m_fixed[key] - m_dyn[key]) <= 1e-9 * max(1.0, abs(m_fixed[key])), (key, m_fixed[key], m_dyn[key])
+    for p, q in zip(fixed.critic.model.parameters(), dyn.critic.model.parameters()):
+        assert_close(q, p, rtol=1e-9, atol=1e-12)
+
+
+# -- split invariance: megatron backend on the CPU shim -------------------------------------------
+def test_megatron_dynamic_batches_give_the_fixed_step():
+    """TP=PP=DP=1, float32: fixed micro-batches of 1 vs budgets of 28 (train: [0, 2] + [1, 3], 2 x 14 padded tokens
+    each) and 14 (log-probs: one row each). Two steps per rollout, so the log-prob pass runs too."""
+    from tests.megatron_cpu import shim, workers
+
+    shim.install()
+    from slime_hydra.training.megatron.backend import MegatronTrainBackend
+
+    cfg, _, hf = workers.tiny_setup()
+    batch = workers.fixed_batch()  # 4 rows of 14, 14, 14, 11 tokens
+    results = []
+    for train in (cfg.train, dataclasses.replace(cfg.train, use_dynamic_batch_size=True, max_tokens_per_gpu=28,
+                                          log_probs_max_tokens_per_gpu=14)):
+        b = MegatronTrainBackend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, cfg.algorithm, train, 1.0, 10,
+                                 CPU, seed=cfg.seed, max_response_len=8)
+        if train.use_dynamic_batch_size:
+            assert [mb.idx.tolist() for mb in b._micro_batches(batch, torch.arange(4))] == [[0, 2], [1, 3]]
+        metrics = b.train_rollout(batch)
+        results.append((metrics, b.compute_log_probs(batch)))
+    (m_fixed, lp_fixed), (m_dyn, lp_dyn) = results
+    for key in ("train/loss", "train/pg_loss", "train/grad_norm", "train/ppo_kl"):
+        assert abs(m_fixed[key] - m_dyn[key]) <= 1e-5 * max(1.0, abs(m_fixed[key])), (key, m_fixed[key], m_dyn[key])
+    assert m_fixed["train/grad_norm"] > 0  # the step did train
+    assert_close(lp_dyn, lp_fixed, rtol=0, atol=1e-5)
