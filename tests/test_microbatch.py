@@ -15,10 +15,13 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from slime_hydra.config.preflight import compose_run, preflight
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.engine.steps import advantages
+from slime_hydra.errors import ConfigError
 from slime_hydra.training.microbatch import micro_batch_cost, micro_batch_indices, partition_by_tokens
 from slime_hydra.training.torch_backend import TorchTrainBackend
+from tests.conftest import run_cli
 from tests.test_algorithms_backend import CPU, MAX_LEN, TOK, base_model, make_batch, samples
 
 torch.set_num_threads(1)
@@ -34,12 +37,16 @@ def test_packed_cost_hand():
 
 
 def test_padded_cost_hand():
-    # lengths [4, 4, 2, 2, 1], budget 8, padded (cost = rows x longest). k=2: the 4s open a bin each (next-row
-    # cost 8 each); 2 -> bin0 (2 x 4 = 8), 2 -> bin1 (8); 1 -> cheapest next row 3 x 4 = 12 > 8: fail.
-    # k=3: 4, 4, 2 open bins; 2 -> the 2's bin (2 x 2 = 4); 1 -> it again (3 x 2 = 6). Costs 4, 4, 6.
-    # (LPT spreads the longest first: FFD's [4, 4] + [2, 2, 1] would need 2 bins but costs 8 and 6.)
-    assert partition_by_tokens([4, 4, 2, 2, 1], 8, padded=True) == [[0], [1], [2, 3, 4]]
-    # the same lengths packed: k = ceil(13 / 8) = 2; 4 | 4; 2 -> bin0 (6); 2 -> bin1 (6); 1 -> bin0 (7)
+    # lengths [4, 4, 2, 2, 1], budget 8, padded (cost = rows x longest), longest first. Greedy runs under 8:
+    # [4, 4] (2 x 4 = 8) then [2, 2, 1] (3 x 2 = 6): k = 2. The lowest cap that keeps 2 runs: under 8, the 4s part
+    # ([4] [4] [2, 2, 1]: 3 runs), so 8: costs 8 and 6.
+    assert partition_by_tokens([4, 4, 2, 2, 1], 8, padded=True) == [[0, 1], [2, 3, 4]]
+    # [6, 3, 3, 3, 2], budget 12: greedy [6, 3] (12) [3, 3, 2] (9); cap 9 gives [6] [3, 3, 3] (9) [2]: 3 runs, and
+    # caps 10, 11 the same (2 x 6 = 12 > cap), so 12 it is
+    assert partition_by_tokens([6, 3, 3, 3, 2], 12, padded=True) == [[0, 1], [2, 3, 4]]
+    # [5, 5, 4, 4], budget 20: one run (4 x 5 = 20); k = 1 and the cap cannot go below 20
+    assert partition_by_tokens([5, 5, 4, 4], 20, padded=True) == [[0, 1, 2, 3]]
+    # the same lengths packed: k = ceil(13 / 8) = 2, LPT: 4 | 4; 2 -> bin0 (6); 2 -> bin1 (6); 1 -> bin0 (7)
     assert partition_by_tokens([4, 4, 2, 2, 1], 8, padded=False) == [[0, 2, 4], [1, 3]]
 
 
@@ -54,7 +61,7 @@ def test_micro_batch_indices_map_back_to_rows():
     lengths = torch.tensor([9, 4, 4, 2, 2, 1, 7])  # the batch's rows
     idx = torch.tensor([1, 2, 3, 4, 5])  # this rank's rows: lengths 4, 4, 2, 2, 1 (test_padded_cost_hand)
     got = micro_batch_indices(idx, lengths, micro_batch_size=2, max_tokens=8, padded=True)
-    assert [g.tolist() for g in got] == [[1], [2], [3, 4, 5]]
+    assert [g.tolist() for g in got] == [[1, 2], [3, 4, 5]]
     fixed = micro_batch_indices(idx, lengths, micro_batch_size=2, max_tokens=None, padded=True)
     assert [g.tolist() for g in fixed] == [[1, 2], [3, 4], [5]]
     assert [g.tolist() for g in micro_batch_indices(idx, lengths, None, None, True)] == [[1, 2, 3, 4, 5]]
@@ -67,8 +74,7 @@ def test_random_partitions_hold_the_contract(padded):
     for _ in range(300):
         n = rng.randint(1, 40)
         budget = rng.randint(8, 120)
-        # a long tail: mostly short, some beyond the budget
-        lengths = [max(1, int(rng.lognormvariate(2.5, 0.9))) for _ in range(n)]
+        lengths = [max(1, int(rng.lognormvariate(2.5, 0.9))) for _ in range(n)]  # a long tail, some beyond the budget
         groups = partition_by_tokens(lengths, budget, padded)
         assert sorted(i for g in groups for i in g) == list(range(n))  # every sample exactly once
         assert groups == partition_by_tokens(list(lengths), budget, padded)  # deterministic
@@ -82,9 +88,33 @@ def test_random_partitions_hold_the_contract(padded):
                 costs.append(cost)
         fit = [x for x in lengths if x <= budget]
         if costs:
-            assert max(costs) - min(costs) <= max(fit), (lengths, budget, groups)  # the LPT balance bound
-            # no more micro-batches than one per sample, no fewer than the total over the budget
             assert -(-sum(fit) // budget) <= len(costs) <= len(fit)
+            if not padded:
+                assert max(costs) - min(costs) <= max(fit), (lengths, budget, groups)  # the LPT balance bound
+
+
+def set_partitions(items: list[int]):
+    if not items:
+        yield []
+        return
+    for p in set_partitions(items[1:]):
+        yield [[items[0]], *p]
+        for i in range(len(p)):
+            yield [*p[:i], [items[0], *p[i]], *p[i + 1 :]]
+
+
+def test_padded_partition_is_optimal_on_small_cases():
+    """Brute force over every set partition (n <= 6): the fewest micro-batches within the budget, and among those
+    the lowest cost of the costliest one."""
+    rng = random.Random(1)
+    for _ in range(150):
+        n, budget = rng.randint(1, 6), rng.randint(5, 40)
+        lengths = [rng.randint(1, budget) for _ in range(n)]
+        best = min((len(p), max(micro_batch_cost([lengths[i] for i in g], True) for g in p))
+                   for p in set_partitions(list(range(n)))
+                   if all(micro_batch_cost([lengths[i] for i in g], True) <= budget for g in p))
+        got = partition_by_tokens(lengths, budget, padded=True)
+        assert (len(got), max(micro_batch_cost([lengths[i] for i in g], True) for g in got)) == best, (lengths, budget)
 
 
 def test_bad_budget_is_refused():
@@ -102,16 +132,14 @@ def torch_backend(algo: AlgorithmConfig, steps: int = 1, **train_kw) -> TorchTra
     return b
 
 
-def lengths_of_samples() -> list[int]:
-    return make_batch().attention_mask.sum(-1).tolist()
-
-
 def test_the_budget_splits_the_test_batch_unevenly():
-    # the invariance below means something only if the budget gives several micro-batches of different sizes
-    lengths = lengths_of_samples()
-    groups = partition_by_tokens(lengths, 24, padded=True)
-    sizes = sorted(len(g) for g in groups)
-    assert len(groups) >= 3 and sizes[0] < sizes[-1], (lengths, groups)
+    # the invariance below means something only if the budget gives micro-batches of different sizes. Rows of
+    # 9, 9, 7, 6, 7, 6, 6, 6 tokens (the last two, one agreeing group, are skipped where zero advantages are);
+    # budget 16 padded: [9] [9] [7, 7] [6, 6] [6, 6] (kept rows: [9] [9] [7, 7] [6, 6])
+    lengths = make_batch().attention_mask.sum(-1).tolist()
+    assert lengths == [9, 9, 7, 6, 7, 6, 6, 6]
+    assert partition_by_tokens(lengths, 16, padded=True) == [[0], [1], [2, 4], [3, 5], [6, 7]]
+    assert partition_by_tokens(lengths[:6], 16, padded=True) == [[0], [1], [2, 4], [3, 5]]
 
 
 INVARIANCE = {
@@ -125,13 +153,13 @@ INVARIANCE = {
 @pytest.mark.parametrize("case", list(INVARIANCE))
 @pytest.mark.parametrize("steps", [1, 2])
 def test_torch_dynamic_batches_give_the_fixed_step(case, steps):
-    """One micro-batch per step (micro_batch_size = the step), micro-batches of 1, and token budgets of 24 (train)
+    """One micro-batch per step (micro_batch_size = the step), micro-batches of 1, and token budgets of 16 (train)
     and 30 (log-prob pass of the second step's old log-probs): the same loss, grad norm and updated weights."""
     algo = AlgorithmConfig(**INVARIANCE[case])
     batch = make_batch(grpo_std_normalization=algo.grpo_std_normalization)
     whole = torch_backend(algo, steps, micro_batch_size=8 // steps)
     ones = torch_backend(algo, steps, micro_batch_size=1)
-    dyn = torch_backend(algo, steps, micro_batch_size=1, use_dynamic_batch_size=True, max_tokens_per_gpu=24,
+    dyn = torch_backend(algo, steps, micro_batch_size=1, use_dynamic_batch_size=True, max_tokens_per_gpu=16,
                         log_probs_max_tokens_per_gpu=30)
     calls = []
     split = dyn._micro_batches
@@ -144,8 +172,10 @@ def test_torch_dynamic_batches_give_the_fixed_step(case, steps):
     for p_whole, p_ones, p_dyn in zip(whole.params, ones.params, dyn.params):
         assert_close(p_dyn, p_whole, rtol=1e-9, atol=1e-12)
         assert_close(p_dyn, p_ones, rtol=1e-9, atol=1e-12)
-    # the forward-only pass places every row back where it was
-    assert_close(dyn.compute_log_probs(batch), whole.compute_log_probs(batch), rtol=1e-9, atol=1e-12)
+    # the forward-only pass places every row back where it was (on real tokens: past a row's end, a row in a wider
+    # micro-batch has log-probs of its padding, one alone has zeros)
+    real = batch.attention_mask[:, 1:].bool()
+    assert_close(dyn.compute_log_probs(batch)[real], whole.compute_log_probs(batch)[real], rtol=1e-9, atol=1e-12)
 
 
 def test_torch_critic_dynamic_batches_give_the_fixed_step():
@@ -163,8 +193,8 @@ def test_torch_critic_dynamic_batches_give_the_fixed_step():
 
 # -- split invariance: megatron backend on the CPU shim -------------------------------------------
 def test_megatron_dynamic_batches_give_the_fixed_step():
-    """TP=PP=DP=1, float32: fixed micro-batches of 1 vs budgets of 28 (train: [0, 2] + [1, 3], 2 x 14 padded tokens
-    each) and 14 (log-probs: one row each). Two steps per rollout, so the log-prob pass runs too."""
+    """TP=PP=DP=1, float32: fixed micro-batches of 1 vs budgets of 28 (train: each step's 2 rows in one micro-batch,
+    2 x 14 padded tokens) and 14 (log-probs: one row each). Two steps per rollout, so the log-prob pass runs too."""
     from tests.megatron_cpu import shim, workers
 
     shim.install()
@@ -178,7 +208,7 @@ def test_megatron_dynamic_batches_give_the_fixed_step():
         b = MegatronTrainBackend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, cfg.algorithm, train, 1.0, 10,
                                  CPU, seed=cfg.seed, max_response_len=8)
         if train.use_dynamic_batch_size:
-            assert [mb.idx.tolist() for mb in b._micro_batches(batch, torch.arange(4))] == [[0, 2], [1, 3]]
+            assert [mb.idx.tolist() for mb in b._micro_batches(batch, torch.arange(4))] == [[0, 1], [2, 3]]
         metrics = b.train_rollout(batch)
         results.append((metrics, b.compute_log_probs(batch)))
     (m_fixed, lp_fixed), (m_dyn, lp_dyn) = results
@@ -186,3 +216,31 @@ def test_megatron_dynamic_batches_give_the_fixed_step():
         assert abs(m_fixed[key] - m_dyn[key]) <= 1e-5 * max(1.0, abs(m_fixed[key])), (key, m_fixed[key], m_dyn[key])
     assert m_fixed["train/grad_norm"] > 0  # the step did train
     assert_close(lp_dyn, lp_fixed, rtol=0, atol=1e-5)
+
+
+# -- validation -----------------------------------------------------------------------------------
+def problems_of(overrides: list[str]) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        preflight(overrides)
+    return info.value.problems
+
+
+def test_validation_names_the_keys_and_fixes():
+    (msg,) = problems_of(["train.use_dynamic_batch_size=true"])
+    assert "train.use_dynamic_batch_size=true needs train.max_tokens_per_gpu" in msg and "train.max_tokens_per_gpu=4096" in msg
+    probs = problems_of(["train.use_dynamic_batch_size=true", "train.max_tokens_per_gpu=0",
+                         "train.log_probs_max_tokens_per_gpu=-5"])
+    assert any("train.max_tokens_per_gpu=0 must be >= 1" in p for p in probs)
+    assert any("train.log_probs_max_tokens_per_gpu=-5 must be >= 1" in p for p in probs)
+    probs = problems_of(["train=megatron", "parallelism.pipeline_model_parallel_size=2", "train.use_dynamic_batch_size=true",
+                         "train.max_tokens_per_gpu=256"])
+    assert any("parallelism.pipeline_model_parallel_size=2" in p and "set parallelism.pipeline_model_parallel_size=1 or "
+               "train.use_dynamic_batch_size=false" in p for p in probs), probs
+    cfg = compose_run(["train.use_dynamic_batch_size=true", "train.max_tokens_per_gpu=256"])
+    assert cfg.train.max_tokens_per_gpu == 256 and cfg.train.log_probs_max_tokens_per_gpu is None
+
+
+def test_cli_exits_2_on_a_missing_budget(workdir):
+    proc = run_cli(["train.use_dynamic_batch_size=true", "num_rollout=1"], workdir, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "train.use_dynamic_batch_size=true needs train.max_tokens_per_gpu" in proc.stderr

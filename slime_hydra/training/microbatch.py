@@ -3,11 +3,13 @@
 
 The budget bounds a micro-batch's cost: its padded tokens (rows × longest row) where the forward pads
 to the longest sample (transformers, megatron), its real tokens where it packs (model.model_impl=native).
-The packing is balanced longest-first (LPT): samples in order of decreasing length, each into the
-micro-batch it makes cheapest, among k micro-batches, k rising from a lower bound until every sample
-fits. The result: every micro-batch within the budget, except a sample longer than the budget alone in
-its own; and among the others, max cost - min cost <= the longest sample's length (at the time a
-sample entered the costliest micro-batch, that one was the cheapest to add to).
+Samples go longest first, and a sample longer than the budget trains alone. Then, by cost:
+- padded: consecutive runs of the length-sorted samples (a long sample with short ones pays their padding),
+  the fewest runs the budget allows, cut so that the costliest run is as cheap as any that many runs allow
+  (on small cases this is the optimum over every partition: tests/test_microbatch.py brute-forces it);
+- packed: balanced LPT, each sample into the micro-batch with the fewest tokens among k, k rising from a
+  lower bound until every sample fits; then max cost - min cost <= the longest sample (when a sample
+  entered the costliest micro-batch, that one had the fewest tokens).
 Deterministic: ties go to the lower sample index and the lower micro-batch number.
 The loss does not depend on the split (training/policy_loss.py divides by the whole step's
 denominator), so any partition gives the same step; this module only decides memory and speed.
@@ -31,23 +33,43 @@ def micro_batch_cost(lengths: Sequence[int], padded: bool) -> int:
     return len(lengths) * max(lengths) if padded else sum(lengths)
 
 
-def _lpt(order: list[int], lengths: Sequence[int], k: int, max_tokens: int, padded: bool) -> Optional[list[list[int]]]:
-    """`order` (longest first) into k micro-batches, each sample where the micro-batch's new cost is least;
-    None when a sample fits in none. Heap key: the cost of adding the next (no longer) sample, with its bin number."""
+def _lpt(order: list[int], lengths: Sequence[int], k: int, max_tokens: int) -> Optional[list[list[int]]]:
+    """Packed cost: `order` (longest first) into k micro-batches, each sample into the one with the fewest tokens
+    (ties: the lower number); None when it does not fit there (then it fits nowhere)."""
     bins: list[list[int]] = [[] for _ in range(k)]
-    cost = [0] * k
-    heap = [(0, b) for b in range(k)]  # empty bins first: the k longest samples each open one
+    heap = [(0, b) for b in range(k)]  # (tokens, bin): the k longest samples open a bin each
     for i in order:
-        _, b = heapq.heappop(heap)
-        # padded: the bin's longest is its first sample (>= this one), so adding costs one more row of it
-        new = max((len(bins[b]) + 1) * (lengths[bins[b][0]] if bins[b] else 0), lengths[i]) if padded else cost[b] + lengths[i]
-        if new > max_tokens:  # the cheapest bin to add to: none fits
+        cost, b = heapq.heappop(heap)
+        if cost + lengths[i] > max_tokens:
             return None
         bins[b].append(i)
-        cost[b] = new
-        key = (len(bins[b]) + 1) * lengths[bins[b][0]] if padded else cost[b]
-        heapq.heappush(heap, (key, b))
+        heapq.heappush(heap, (cost + lengths[i], b))
     return bins
+
+
+def _runs(order: list[int], lengths: Sequence[int], cap: int) -> list[list[int]]:
+    """`order` (longest first) cut into consecutive runs, each as long as rows × its first (longest) <= cap."""
+    runs: list[list[int]] = []
+    for i in order:
+        if runs and (len(runs[-1]) + 1) * lengths[runs[-1][0]] <= cap:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+def _balanced_runs(order: list[int], lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Padded cost: the fewest runs the budget allows (greedy runs are the fewest), then the lowest cap that still
+    gives that many (binary search; the run count falls as the cap rises), so the costliest run is as cheap as can be."""
+    k = len(_runs(order, lengths, max_tokens))
+    lo, hi = lengths[order[0]], max_tokens
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(_runs(order, lengths, mid)) <= k:
+            hi = mid
+        else:
+            lo = mid + 1
+    return _runs(order, lengths, lo)
 
 
 def partition_by_tokens(lengths: Sequence[int], max_tokens: int, padded: bool) -> list[list[int]]:
@@ -59,13 +81,15 @@ def partition_by_tokens(lengths: Sequence[int], max_tokens: int, padded: bool) -
     over = [i for i, n in enumerate(lengths) if n > max_tokens]
     fit = sorted((i for i, n in enumerate(lengths) if n <= max_tokens), key=lambda i: (-lengths[i], i))  # longest first
     groups = [[i] for i in over]
-    if fit:
+    if fit and padded:
+        groups += _balanced_runs(fit, lengths, max_tokens)
+    elif fit:
         # lower bound on k: the total over the budget, and samples above half the budget never share
         k = max(math.ceil(sum(lengths[i] for i in fit) / max_tokens), sum(2 * lengths[i] > max_tokens for i in fit), 1)
-        while (bins := _lpt(fit, lengths, k, max_tokens, padded)) is None:
+        while (bins := _lpt(fit, lengths, k, max_tokens)) is None:
             k += 1  # terminates: at k = len(fit) every sample opens its own bin
-        groups += [sorted(b) for b in bins]
-    return sorted(groups, key=lambda g: g[0])
+        groups += bins
+    return sorted((sorted(g) for g in groups), key=lambda g: g[0])
 
 
 def micro_batch_indices(idx: torch.Tensor, lengths: torch.Tensor, micro_batch_size: Optional[int],
