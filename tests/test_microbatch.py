@@ -193,29 +193,33 @@ def test_torch_critic_dynamic_batches_give_the_fixed_step():
 
 # -- split invariance: megatron backend on the CPU shim -------------------------------------------
 def test_megatron_dynamic_batches_give_the_fixed_step():
-    """TP=PP=DP=1, float32: fixed micro-batches of 1 vs budgets of 28 (train: each step's 2 rows in one micro-batch,
-    2 x 14 padded tokens) and 14 (log-probs: one row each). Two steps per rollout, so the log-prob pass runs too."""
+    """TP=PP=DP=1, float32: fixed micro-batches of 1 vs a train budget of 28 (each step's 2 rows of 14 tokens in one
+    micro-batch) and a log-prob budget of 56 (the 4 rows, 14 + 14 + 14 + 11 tokens padded to 4 x 14, in one; the
+    second step's old log-probs: its 2 rows in one). Two steps per rollout, so the log-prob pass feeds the loss."""
     from tests.megatron_cpu import shim, workers
 
     shim.install()
     from slime_hydra.training.megatron.backend import MegatronTrainBackend
 
     cfg, _, hf = workers.tiny_setup()
-    batch = workers.fixed_batch()  # 4 rows of 14, 14, 14, 11 tokens
+    batch = workers.fixed_batch()
+    assert batch.attention_mask.sum(-1).tolist() == [14, 14, 14, 11]
     results = []
     for train in (cfg.train, dataclasses.replace(cfg.train, use_dynamic_batch_size=True, max_tokens_per_gpu=28,
-                                          log_probs_max_tokens_per_gpu=14)):
+                                                 log_probs_max_tokens_per_gpu=56)):
         b = MegatronTrainBackend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, cfg.algorithm, train, 1.0, 10,
                                  CPU, seed=cfg.seed, max_response_len=8)
         if train.use_dynamic_batch_size:
             assert [mb.idx.tolist() for mb in b._micro_batches(batch, torch.arange(4))] == [[0, 1], [2, 3]]
+            assert [mb.idx.tolist() for mb in b._micro_batches(batch, torch.arange(4), forward_only=True)] == [[0, 1, 2, 3]]
         metrics = b.train_rollout(batch)
         results.append((metrics, b.compute_log_probs(batch)))
     (m_fixed, lp_fixed), (m_dyn, lp_dyn) = results
-    for key in ("train/loss", "train/pg_loss", "train/grad_norm", "train/ppo_kl"):
+    for key in ("train/loss", "train/pg_loss", "train/grad_norm", "train/ppo_kl", "train/pg_clipfrac"):
         assert abs(m_fixed[key] - m_dyn[key]) <= 1e-5 * max(1.0, abs(m_fixed[key])), (key, m_fixed[key], m_dyn[key])
-    assert m_fixed["train/grad_norm"] > 0  # the step did train
-    assert_close(lp_dyn, lp_fixed, rtol=0, atol=1e-5)
+    assert m_fixed["train/grad_norm"] > 0 and m_fixed["train/ppo_kl"] != 0  # it trained; step 2's old log-probs count
+    real = batch.attention_mask[:, 1:].bool()
+    assert_close(lp_dyn[real], lp_fixed[real], rtol=0, atol=1e-5)
 
 
 # -- validation -----------------------------------------------------------------------------------
