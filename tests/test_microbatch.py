@@ -222,6 +222,68 @@ def test_megatron_dynamic_batches_give_the_fixed_step():
     assert_close(lp_dyn[real], lp_fixed[real], rtol=0, atol=1e-5)
 
 
+def uneven_batch():
+    """workers.fixed_batch with row 1 cut to 10 tokens: rows of 14, 10, 14, 11 tokens."""
+    from tests.megatron_cpu import workers
+
+    batch = workers.fixed_batch()
+    batch.attention_mask[1, 10:] = 0
+    batch.input_ids[1, 10:] = 0
+    batch.loss_mask[1, 9:] = 0
+    batch.advantages = batch.advantages * batch.loss_mask
+    return batch
+
+
+def train_once(parallel: dict, train_overrides: dict) -> dict:
+    """One train_rollout (one step of the 4 rows) of the tiny megatron backend; metrics and log-probs after it."""
+    from tests.megatron_cpu import workers
+    from slime_hydra.training.megatron.backend import MegatronTrainBackend
+
+    cfg, _, hf = workers.tiny_setup(["train.num_steps_per_rollout=1"])
+    b = MegatronTrainBackend(hf.state_dict(), hf.config, cfg.model, dataclasses.replace(cfg.parallelism, **parallel),
+                             cfg.algorithm, dataclasses.replace(cfg.train, **train_overrides), 1.0, 10, CPU, seed=cfg.seed,
+                             max_response_len=8)
+    batch = uneven_batch()
+    mine = torch.arange(4)[torch.distributed.get_rank() :: torch.distributed.get_world_size()]
+    return {"micro_batches": [mb.idx.tolist() for mb in b._micro_batches(batch, mine)],
+            "metrics": b.train_rollout(batch), "after": b.compute_log_probs(batch)}
+
+
+def dp2_main(rank: int, port: int, out_dir: str) -> None:
+    import os
+
+    from tests.megatron_cpu import shim
+
+    shim.install()
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    res = train_once({}, dict(use_dynamic_batch_size=True, max_tokens_per_gpu=25))
+    torch.save(res, os.path.join(out_dir, f"dp2_rank{rank}.pt"))
+
+
+def test_megatron_dp2_ranks_with_different_micro_batch_counts_give_the_single_step(tmp_path):
+    """DP=2 (gloo, 2 processes): rank 0 holds rows 0, 2 (14 + 14 tokens, 2 x 14 = 28 > 25: two micro-batches), rank 1
+    rows 1, 3 (10, 11: 2 x 11 = 22: one). Gradients are summed over DP once, after each rank's schedule, so the step
+    equals one process with fixed micro-batches of 1."""
+    import socket
+
+    from tests.megatron_cpu import shim
+
+    shim.install()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(dp2_main, args=(port, str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"dp2_rank{r}.pt") for r in (0, 1)]
+    assert ranks[0]["micro_batches"] == [[0], [2]] and ranks[1]["micro_batches"] == [[1, 3]]
+    single = train_once({}, {})
+    real = uneven_batch().attention_mask[:, 1:].bool()
+    for key in ("train/loss", "train/pg_loss", "train/grad_norm"):
+        assert ranks[0]["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-4, abs=1e-6), key
+    for r in ranks:
+        assert_close(r["after"][real], single["after"][real], rtol=0, atol=1e-4)
+
+
 # -- validation -----------------------------------------------------------------------------------
 def problems_of(overrides: list[str]) -> list[str]:
     with pytest.raises(ConfigError) as info:
