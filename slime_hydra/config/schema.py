@@ -322,6 +322,11 @@ class TrainConfig:
     # Run each distinct prompt once per micro-batch and share its activations (KV) with the group's
     # samples: the same loss and gradients as the plain forward, fewer FLOPs (training/prefix.py).
     prefix_sharing: bool = True
+    # slime's --use-dynamic-batch-size: a rank's samples go into micro-batches by a token budget (balanced, longest
+    # first; training/microbatch.py) instead of micro_batch_size samples each; the step's loss and gradient are the same
+    use_dynamic_batch_size: bool = False
+    max_tokens_per_gpu: Optional[int] = None  # the train pass's budget (padded tokens where the forward pads)
+    log_probs_max_tokens_per_gpu: Optional[int] = None  # the forward-only passes' (log-probs, reference, values); None: max_tokens_per_gpu
     megatron: MegatronConfig = field(default_factory=MegatronConfig)  # read by train.backend=megatron only
 
 

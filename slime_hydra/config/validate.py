@@ -16,6 +16,7 @@ from slime_hydra.config.plugins import check_target
 from slime_hydra.config.schema import EvalDatasetConfig, RunConfig
 from slime_hydra.config.validate_algorithm import GROUP_BASELINE, check_algorithm
 from slime_hydra.config.validate_buffer import check_buffer, derive_num_rollout
+from slime_hydra.config.validate_microbatch import check_microbatch
 from slime_hydra.config.validate_model import check_model_training
 from slime_hydra.config.validate_ray import check_ray_pairing
 
@@ -247,6 +248,7 @@ def check(cfg: RunConfig) -> tuple[RunConfig, list[str], list[str]]:
     notes: list[str] = []
     check_values(cfg, problems, notes)
     check_batch(cfg, problems, notes)
+    check_microbatch(cfg, problems, notes)
     derive_num_rollout(cfg, problems, notes)
     check_run(cfg, problems)
     check_buffer(cfg, problems, notes)

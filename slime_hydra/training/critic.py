@@ -21,6 +21,7 @@ from slime_hydra.algorithms import losses as L
 from slime_hydra.algorithms.critic import value_loss
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.training.base import TrainBatch
+from slime_hydra.training.microbatch import budgets, micro_batch_indices
 from slime_hydra.training.optim import adamw
 from slime_hydra.training.schedule import lr_multiplier
 
@@ -46,6 +47,8 @@ class TorchCritic:
         self.algo, self.cfg, self.device = algorithm, train, device
         self.max_response_len = max_response_len
         self.model = ValueModel(policy).to(device).train()
+        self.max_tokens, self.forward_max_tokens = budgets(train.use_dynamic_batch_size, train.max_tokens_per_gpu,
+                                                           train.log_probs_max_tokens_per_gpu)
         lr = train.critic_lr if train.critic_lr is not None else train.lr
         self.optimizer = adamw(self.model.parameters(), train.adam_impl, lr=lr, betas=(train.adam_beta1, train.adam_beta2),
                                eps=train.adam_eps, weight_decay=train.weight_decay)
@@ -57,14 +60,19 @@ class TorchCritic:
         """Re-copy the body from the policy (after the warm start changed it), keeping the zero head."""
         self.model.body.load_state_dict(getattr(policy, policy.base_model_prefix).state_dict())
 
+    def _micro_batches(self, batch: TrainBatch, idx: torch.Tensor, forward_only: bool) -> list[torch.Tensor]:
+        """Rows `idx` by micro_batch_size or by the token budget (padded tokens: the HF body pads)."""
+        return micro_batch_indices(idx, batch.attention_mask.sum(-1), self.cfg.micro_batch_size,
+                                   self.forward_max_tokens if forward_only else self.max_tokens, padded=True)
+
     @torch.no_grad()
     def values(self, batch: TrainBatch) -> torch.Tensor:
         """[N, T] values of the rollout's states (the old values of the value loss), zero off the mask."""
         out = torch.zeros_like(batch.loss_mask)
-        for start in range(0, batch.num_samples, self.cfg.micro_batch_size):
-            mb = batch.select(torch.arange(start, min(start + self.cfg.micro_batch_size, batch.num_samples)))
+        for rows in self._micro_batches(batch, torch.arange(batch.num_samples), forward_only=True):
+            mb = batch.select(rows)
             v = self.model(mb.input_ids.to(self.device), mb.attention_mask.to(self.device))
-            out[start : start + mb.num_samples, : v.shape[1]] = v.float().cpu()
+            out[rows, : v.shape[1]] = v.float().cpu()
         return out * batch.loss_mask
 
     def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
@@ -82,8 +90,7 @@ class TorchCritic:
             metric_denom = L.step_denominator([batch.loss_mask[idx]], metric_mode)
             self.optimizer.zero_grad(set_to_none=True)
             m: dict[str, float] = defaultdict(float)
-            for start in range(0, gbs, self.cfg.micro_batch_size):
-                mb_idx = idx[start : start + self.cfg.micro_batch_size]
+            for mb_idx in self._micro_batches(batch, idx, forward_only=False):
                 mb = batch.select(mb_idx)
                 mask = mb.loss_mask.to(self.device)
                 v = self.model(mb.input_ids.to(self.device), mb.attention_mask.to(self.device))  # [n, T]

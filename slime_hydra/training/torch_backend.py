@@ -25,6 +25,7 @@ from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.training.base import TrainBatch, shaping_kl
 from slime_hydra.training.critic import TorchCritic
+from slime_hydra.training.microbatch import budgets, micro_batch_indices
 from slime_hydra.training.optim import adamw
 from slime_hydra.training.policy_loss import old_log_probs, policy_loss
 from slime_hydra.training.packed import packed_logits
@@ -43,6 +44,9 @@ class TorchTrainBackend:
         self.temperature = temperature
         self.model_impl = model_impl  # transformers | native (training/packed.py)
         self.max_response_len = max_response_len  # the constant normalizer of seq_mean_token_sum_norm
+        # train.use_dynamic_batch_size: token budgets of the train pass and the forward-only passes (None: micro_batch_size)
+        self.max_tokens, self.log_probs_max_tokens = budgets(train.use_dynamic_batch_size, train.max_tokens_per_gpu,
+                                                             train.log_probs_max_tokens_per_gpu)
         if algorithm.loss_aggregation == "seq_mean_token_sum_norm" and not max_response_len:
             raise ValueError("algorithm.loss_aggregation=seq_mean_token_sum_norm needs TorchTrainBackend(max_response_len="
                              "rollout.rollout_max_response_len)")
@@ -71,6 +75,13 @@ class TorchTrainBackend:
         return self.critic.values(batch)
 
     # -- forward -----------------------------------------------------------------------------
+    def _micro_batches(self, batch: TrainBatch, idx: torch.Tensor, forward_only: bool = False) -> list[torch.Tensor]:
+        """Rows `idx` of `batch` split into micro-batches (index tensors): by micro_batch_size, or by the token
+        budget, costed as padded tokens unless the native forward packs them."""
+        return micro_batch_indices(idx, batch.attention_mask.sum(-1), self.cfg.micro_batch_size,
+                                   self.log_probs_max_tokens if forward_only else self.max_tokens,
+                                   padded=self.model_impl != "native")
+
     def _logits(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
         """[n, T, V]; exact on the loss mask (train.prefix_sharing runs each distinct prompt once)."""
         ids, attn = mb.input_ids.to(self.device), mb.attention_mask.to(self.device)
@@ -85,10 +96,10 @@ class TorchTrainBackend:
         """[N, T] log-probs of every target under `model` (default: the policy), by micro-batch."""
         model = model or self.model
         out = torch.zeros_like(batch.loss_mask)
-        for start in range(0, batch.num_samples, self.cfg.micro_batch_size):
-            mb = batch.select(torch.arange(start, min(start + self.cfg.micro_batch_size, batch.num_samples)))
+        for rows in self._micro_batches(batch, torch.arange(batch.num_samples), forward_only=True):
+            mb = batch.select(rows)
             lp = L.log_probs_from_logits(self._logits(model, mb), mb.input_ids[:, 1:].to(self.device), self.temperature)
-            out[start : start + mb.num_samples, : lp.shape[1]] = lp.float().cpu()
+            out[rows, : lp.shape[1]] = lp.float().cpu()
         return out
 
     @torch.no_grad()
@@ -138,8 +149,7 @@ class TorchTrainBackend:
         m: dict[str, float] = defaultdict(float)
         metric_mode = L.metric_aggregation(mode)
         metric_denom = max(1.0, self._step_denominator([batch.loss_mask[keep]], metric_mode))
-        for start in range(0, len(keep), self.cfg.micro_batch_size):
-            mb_idx = keep[start : start + self.cfg.micro_batch_size]
+        for mb_idx in self._micro_batches(batch, keep):
             loss, scalars, per_token, mask = self._micro_batch_loss(batch.select(mb_idx), mb_idx, old_all, denom)
             loss.backward()
             for name, value in scalars.items():
@@ -194,12 +204,11 @@ class TorchTrainBackend:
         if self._sft_optimizer is None:
             self._sft_optimizer = adamw(self.params, self.cfg.adam_impl, lr=lr)
         self._sft_optimizer.zero_grad(set_to_none=True)
-        mb_all = torch.arange(batch.num_samples)
         mode = L.metric_aggregation(self.algo.loss_aggregation)  # token-sum modes are for the RL loss, not SFT
         denom = L.step_denominator([batch.loss_mask], mode)
         total = 0.0
-        for start in range(0, batch.num_samples, self.cfg.micro_batch_size):
-            mb = batch.select(mb_all[start : start + self.cfg.micro_batch_size])
+        for rows in self._micro_batches(batch, torch.arange(batch.num_samples)):
+            mb = batch.select(rows)
             logp = L.log_probs_from_logits(self._logits(self.model, mb), mb.input_ids[:, 1:].to(self.device))
             loss = L.aggregate(L.sft_token_loss(logp), mb.loss_mask.to(self.device), mode, denom)
             loss.backward()

@@ -38,6 +38,7 @@ from slime_hydra.training.megatron import convert
 from slime_hydra.training.megatron.logprobs import vocab_parallel_logprobs
 from slime_hydra.training.megatron.model import DTYPES, build_gpt, padded_vocab_size, transformer_config
 from slime_hydra.training.megatron.parallel import init_parallel
+from slime_hydra.training.microbatch import budgets, micro_batch_indices
 from slime_hydra.training.optim import adam_flags
 from slime_hydra.training.policy_loss import old_log_probs, policy_loss
 from slime_hydra.training.schedule import lr_multiplier
@@ -57,6 +58,9 @@ class MegatronTrainBackend:
         self.mcfg, self.pcfg, self.algo, self.cfg = model, parallel, algorithm, train
         self.hf_config, self.device, self.temperature, self.total_steps = hf_config, device, temperature, total_steps
         self.max_response_len = max_response_len
+        # train.use_dynamic_batch_size: token budgets of the train pass and the forward-only passes (None: micro_batch_size)
+        self.max_tokens, self.log_probs_max_tokens = budgets(train.use_dynamic_batch_size, train.max_tokens_per_gpu,
+                                                             train.log_probs_max_tokens_per_gpu)
         self.vocab = hf_config.vocab_size
         self.custom_loss = load_target(algorithm.custom_loss)
         self.config = transformer_config(model, parallel)
@@ -154,8 +158,15 @@ class MegatronTrainBackend:
         return vocab_parallel_logprobs(logits[:, :T], targets, self.vocab, self.temperature, with_entropy,
                                        mg.log_probs_chunk_size, mg.compile_log_probs)  # [n, T] x2
 
-    def _micro_batches(self, batch: TrainBatch, idx: torch.Tensor) -> list[TrainBatch]:
-        return [batch.select(idx[s : s + self.cfg.micro_batch_size]) for s in range(0, len(idx), self.cfg.micro_batch_size)]
+    def _micro_batches(self, batch: TrainBatch, idx: torch.Tensor, forward_only: bool = False) -> list[TrainBatch]:
+        """Rows `idx` by micro_batch_size or by the token budget (padded tokens: each micro-batch runs padded to its
+        longest); `mb.idx` holds each micro-batch's rows of `batch`."""
+        groups = micro_batch_indices(idx, batch.attention_mask.sum(-1), self.cfg.micro_batch_size,
+                                     self.log_probs_max_tokens if forward_only else self.max_tokens, padded=True)
+        mbs = [batch.select(rows) for rows in groups]
+        for mb, rows in zip(mbs, groups):
+            mb.idx = rows
+        return mbs
 
     def _broadcast_last_stage(self, out: torch.Tensor) -> torch.Tensor:
         if ps.get_pipeline_model_parallel_world_size() > 1:
@@ -168,7 +179,7 @@ class MegatronTrainBackend:
         """[N, T] log-probs of every target under `model` (default: the policy), by micro-batch."""
         model = model or self.ddp
         model.eval()
-        mbs = self._micro_batches(batch, torch.arange(batch.num_samples))
+        mbs = self._micro_batches(batch, torch.arange(batch.num_samples), forward_only=True)
 
         def loss_fn(mb, logits):
             lp, _ = self._logp(mb, logits, with_entropy=False)
@@ -176,11 +187,9 @@ class MegatronTrainBackend:
 
         outs = self._run(model, mbs, loss_fn, forward_only=True)
         res = torch.zeros_like(batch.loss_mask)
-        row = 0
         for mb, o in zip(mbs, outs):
             lp = o["logp"].cpu()
-            res[row : row + mb.num_samples, : lp.shape[1]] = lp
-            row += mb.num_samples
+            res[mb.idx, : lp.shape[1]] = lp
         model.train()
         return self._broadcast_last_stage(res)
 
@@ -211,10 +220,7 @@ class MegatronTrainBackend:
         metric_mode = L.metric_aggregation(mode)
         metric_denom = max(1.0, L.step_denominator([batch.loss_mask[keep]], metric_mode))
         mine = keep[ps.get_data_parallel_rank() :: ps.get_data_parallel_world_size()]  # this DP rank's share
-        mb_idx = [mine[s : s + self.cfg.micro_batch_size] for s in range(0, len(mine), self.cfg.micro_batch_size)]
-        mbs = [batch.select(i) for i in mb_idx]
-        for mb, i in zip(mbs, mb_idx):
-            mb.idx = i  # the rows of old_all this micro-batch reads
+        mbs = self._micro_batches(batch, mine)  # mb.idx: the rows of old_all each micro-batch reads
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         outs = self._run(self.ddp, mbs, partial(self._loss, old_all=old_all, denom=denom, metric_mode=metric_mode,

@@ -1,0 +1,33 @@
+"""Validation of token-budget micro-batches (train.use_dynamic_batch_size, training/microbatch.py)."""
+
+from __future__ import annotations
+
+from slime_hydra.config.schema import RunConfig
+
+
+def check_microbatch(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
+    t = cfg.train
+    for key in ("max_tokens_per_gpu", "log_probs_max_tokens_per_gpu"):
+        v = getattr(t, key)
+        if v is not None and v < 1:
+            problems.append(f"train.{key}={v} must be >= 1 (tokens per micro-batch on one GPU) or null")
+    if not t.use_dynamic_batch_size:
+        if t.max_tokens_per_gpu is not None or t.log_probs_max_tokens_per_gpu is not None:
+            notes.append("train.max_tokens_per_gpu / log_probs_max_tokens_per_gpu apply only with train.use_dynamic_batch_size=true; "
+                         "micro-batches hold train.micro_batch_size samples")
+        return
+    if t.max_tokens_per_gpu is None:
+        problems.append("train.use_dynamic_batch_size=true needs train.max_tokens_per_gpu (a micro-batch's token budget on "
+                        "one GPU, e.g. train.max_tokens_per_gpu=4096); set it, or train.use_dynamic_batch_size=false")
+    pp = cfg.parallelism.pipeline_model_parallel_size
+    if t.backend == "megatron" and pp > 1:
+        # the pipeline schedule pads every micro-batch to the longest of the step, so a micro-batch's cost is not
+        # rows × its own longest, which the budget bounds
+        problems.append(f"train.use_dynamic_batch_size=true with parallelism.pipeline_model_parallel_size={pp}: the megatron "
+                        "backend pads every pipelined micro-batch to the step's longest sample, which the token budget does "
+                        "not bound; set parallelism.pipeline_model_parallel_size=1 or train.use_dynamic_batch_size=false")
+    budget = t.max_tokens_per_gpu
+    longest = cfg.rollout.rollout_max_response_len + (cfg.data.rollout_max_prompt_len or 0)
+    if budget is not None and budget >= 1 and cfg.data.rollout_max_prompt_len and budget < longest:
+        notes.append(f"train.max_tokens_per_gpu={budget} < data.rollout_max_prompt_len + rollout.rollout_max_response_len = "
+                     f"{longest}: a sample longer than the budget trains alone in its own micro-batch")
