@@ -106,12 +106,15 @@ def compose(backend: str, option: str, seq: int, mbs: int, gbs: int, overrides) 
 def trainer_for(backend: str, cfg, recompute: bool):
     from types import SimpleNamespace
 
+    from slime_hydra.app.algorithm import algorithm_specs
+
     m, dev = cfg.model, torch.device("cuda")
+    s = algorithm_specs(cfg.algorithm, cfg.train, total_steps=100)
     if backend == "megatron":
         from slime_hydra.training.megatron.backend import MegatronTrainBackend
 
-        return MegatronTrainBackend(None, SimpleNamespace(vocab_size=m.vocab_size), m, cfg.parallelism, cfg.algorithm,
-                                    cfg.train, 1.0, 100, dev, seed=cfg.seed)
+        return MegatronTrainBackend(None, SimpleNamespace(vocab_size=m.vocab_size), m, cfg.parallelism, s.loss, s.optim,
+                                    s.batch, cfg.train.megatron, 1.0, dev, seed=cfg.seed)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from slime_hydra.models.build import hf_config_kwargs
@@ -123,7 +126,7 @@ def trainer_for(backend: str, cfg, recompute: bool):
         model = AutoModelForCausalLM.from_config(hc, dtype=torch.bfloat16)
     if recompute:
         model.gradient_checkpointing_enable()
-    return TorchTrainBackend(model, cfg.algorithm, cfg.train, 1.0, 100, dev)
+    return TorchTrainBackend(model, s.loss, s.optim, s.batch, 1.0, dev)
 
 
 def run(backend: str, option: str, seq: int, mbs: int, gbs: int, warmup: int, iters: int, overrides=(),
