@@ -141,11 +141,11 @@ def run(backend: str, option: str, seq: int, mbs: int, gbs: int, warmup: int, it
     if backend == "megatron":  # compile parity: log-probs before any step, a checksum of the initial weights
         extra["lp0"] = trainer.compute_log_probs(b)
         extra["init_sum"] = sum(p.double().sum().item() for p in list(trainer.gpt.parameters())[:4])
-        mg = trainer.cfg.megatron
+        mg = trainer.mg
         if mg.compile_log_probs:  # the same logits through the eager kernels: the compiled kernels' own difference
-            trainer.cfg.megatron = dataclasses.replace(mg, compile_log_probs=False)
+            trainer.mg = dataclasses.replace(mg, compile_log_probs=False)
             extra["lp0_vs_eager_kernels_max_abs"] = float((trainer.compute_log_probs(b) - extra["lp0"]).abs().max())
-            trainer.cfg.megatron = mg
+            trainer.mg = mg
     times, first = measure(trainer, b, warmup, iters)
     step_s = statistics.median(times)
     if profile_dir is not None:  # one more step under torch.profiler, after the timed ones
