@@ -127,6 +127,7 @@ def fresh_components(cfg, c, init_state: dict, out: Path):
     buffer (same rollout_seed, so the same prompts in the same order), a new scorer; the same engine."""
     import torch  # noqa: F401 - imported here so the import time counts
 
+    from slime_hydra.app.algorithm import run_specs
     from slime_hydra.config.plugins import load_target
     from slime_hydra.data.buffer import DataBuffer
     from slime_hydra.data.source import PromptSource
@@ -142,11 +143,12 @@ def fresh_components(cfg, c, init_state: dict, out: Path):
     seed_everything(cfg.seed)
     with torch.no_grad():
         model.load_state_dict(init_state)
-    trainer = build_trainer(cfg, model, pick_device(cfg.cluster.device))
+    specs = run_specs(cfg)
+    trainer = build_trainer(cfg, specs, model, pick_device(cfg.cluster.device))
     r = cfg.rollout
     source = PromptSource(c.train_prompts, r.n_samples_per_prompt, r.rollout_shuffle, r.rollout_seed)
     return Components(c.tokenizer, c.train_prompts, c.eval_sets, source, trainer, c.rollout, RewardScorer(cfg.reward),
-                      NullTracker(), c.sampling, output_dir=str(out), buffer=DataBuffer(source, load_target(r.buffer_filter)))
+                      NullTracker(), c.sampling, specs.advantage, output_dir=str(out), buffer=DataBuffer(source, load_target(r.buffer_filter)))
 
 
 def run_mode(cfg, c, mode: str, out: Path, order: int) -> dict:

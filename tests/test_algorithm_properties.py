@@ -23,14 +23,15 @@ from slime_hydra.algorithms import losses as L
 from slime_hydra.algorithms import surrogates as S
 from slime_hydra.algorithms.advantages import compute_advantages, group_normalize, masked_whiten, ppo_advantages
 from slime_hydra.algorithms.critic import gae_advantages, value_loss
+from slime_hydra.app.algorithm import loss_spec
 from slime_hydra.config.schema import AlgorithmConfig, ModelConfig, TrainConfig
 from slime_hydra.engine.steps import rollout_metrics
 from slime_hydra.models.build import build_model
 from slime_hydra.models.tokenizer import build_char_tokenizer
 from slime_hydra.training.batch import collate
 from slime_hydra.training.policy_loss import policy_loss
-from slime_hydra.training.torch_backend import TorchTrainBackend
 from slime_hydra.types import Sample, Status
+from tests.trainers import torch_backend
 
 torch.set_num_threads(1)
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
@@ -300,7 +301,7 @@ def test_first_step_with_old_equal_current_gives_ratio_one_ppo_kl_zero_clipfrac_
     old = logp.detach()
     ref = logp.detach() - 0.5
     denom = L.step_denominator([mask], a.loss_aggregation, mask.shape[1])
-    loss, scalars, per_token = policy_loss(a, None, logp, torch.zeros_like(old), old, adv, mask,
+    loss, scalars, per_token = policy_loss(loss_spec(a, mask.shape[1]), logp, torch.zeros_like(old), old, adv, mask,
                                            old.clone() if a.use_tis else None, lambda: ref, denom)
     assert torch.equal(per_token["ppo_kl"], torch.zeros_like(old))
     assert torch.equal(per_token["pg_clipfrac"], torch.zeros_like(old))
@@ -321,7 +322,7 @@ def test_every_policy_loss_and_aggregation_is_finite_on_finite_input(data, dtype
     mask = mask if data.draw(st.booleans()) else torch.zeros_like(mask)  # also a step with no trained token
     logp = logp.clone().requires_grad_(True)
     denom = L.step_denominator([mask], mode, mask.shape[1])
-    loss, scalars, per_token = policy_loss(a, None, logp, torch.zeros_like(old), old, adv, mask,
+    loss, scalars, per_token = policy_loss(loss_spec(a, mask.shape[1]), logp, torch.zeros_like(old), old, adv, mask,
                                            old - 0.1 if a.use_tis else None, lambda: old + 0.3, denom)
     loss.backward()
     for v in [loss, logp.grad, *scalars.values(), *per_token.values()]:
@@ -408,7 +409,7 @@ def test_equal_rewards_give_zero_gradient_on_the_torch_backend(group_values, gro
                            **({"loss_aggregation": "seq_mean_token_sum_norm"} if estimator == "dr_grpo" else {}))
     train = TrainConfig(micro_batch_size=4, global_batch_size=8, num_steps_per_rollout=1, lr=1e-3, clip_grad=0.0,
                         skip_zero_advantage_samples=skip, prefix_sharing=False)
-    b = TorchTrainBackend(_model(), algo, train, temperature=1.0, total_steps=10, device=torch.device("cpu"), max_response_len=6)
+    b = torch_backend(_model(), algo, train, temperature=1.0, total_steps=10, device=torch.device("cpu"), max_response_len=6)
     m = b.train_rollout(batch)
     assert m["train/kept_samples"] == (0.0 if skip else 8.0)
     for name, p in b.model.named_parameters():

@@ -20,6 +20,7 @@ from slime_hydra.models.build import build_model
 from slime_hydra.models.tokenizer import build_char_tokenizer
 from slime_hydra.training.batch import collate
 from slime_hydra.training.torch_backend import TorchTrainBackend
+from tests.trainers import torch_backend
 from slime_hydra.types import Sample
 
 torch.set_num_threads(1)
@@ -76,7 +77,7 @@ def backend(algo: AlgorithmConfig, mbs: int, gbs: int = 8, steps: int = 1, skip:
     # before transformers' float32 RMSNorm (~1e-7), and tests/test_prefix_sharing.py checks it against this path
     train = TrainConfig(micro_batch_size=mbs, global_batch_size=gbs, num_steps_per_rollout=steps, lr=lr, clip_grad=0.0,
                         skip_zero_advantage_samples=skip, prefix_sharing=False, adam_impl=adam_impl)
-    b = TorchTrainBackend(base_model(), algo, train, temperature=1.0, total_steps=10, device=CPU, max_response_len=MAX_LEN)
+    b = torch_backend(base_model(), algo, train, temperature=1.0, total_steps=10, device=CPU, max_response_len=MAX_LEN)
     b.freeze_reference()
     return b
 
@@ -172,7 +173,7 @@ def test_reward_kl_is_zero_against_an_identical_reference():
 def test_seq_mean_token_sum_norm_needs_max_response_len():
     train = TrainConfig(micro_batch_size=1, global_batch_size=8, num_steps_per_rollout=1)
     with pytest.raises(ValueError, match="max_response_len"):
-        TorchTrainBackend(base_model(), AlgorithmConfig(loss_aggregation="seq_mean_token_sum_norm"), train, 1.0, 1, CPU)
+        torch_backend(base_model(), AlgorithmConfig(loss_aggregation="seq_mean_token_sum_norm"), train, 1.0, 1, CPU)
 
 
 def test_adam_impls_take_the_same_steps():

@@ -8,9 +8,9 @@ from torch.testing import assert_close
 
 from slime_hydra.algorithms.advantages import ppo_advantages
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
-from slime_hydra.engine.steps import advantages
 from slime_hydra.training.torch_backend import TorchTrainBackend
 from tests.test_algorithms_backend import CPU, MAX_LEN, TOK, base_model, samples
+from tests.trainers import algo_advantages, torch_backend
 
 t = lambda rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
 
@@ -39,13 +39,13 @@ def test_ppo_advantages_by_hand():
     assert_close(ret2, ret)  # the critic's targets are taken before whitening
 
 
-def ppo_backend(**algo_kw) -> TorchTrainBackend:
+def ppo_backend(**algo_kw) -> tuple[TorchTrainBackend, AlgorithmConfig]:
     algo = AlgorithmConfig(advantage_estimator="ppo", normalize_advantages=True, **algo_kw)
     train = TrainConfig(micro_batch_size=4, global_batch_size=8, num_steps_per_rollout=1, lr=1e-3, critic_lr=1e-2,
                         clip_grad=0.0)
-    b = TorchTrainBackend(base_model(), algo, train, temperature=1.0, total_steps=100, device=CPU, max_response_len=MAX_LEN)
+    b = torch_backend(base_model(), algo, train, temperature=1.0, total_steps=100, device=CPU, max_response_len=MAX_LEN)
     b.freeze_reference()
-    return b
+    return b, algo
 
 
 def flat(module: torch.nn.Module) -> torch.Tensor:
@@ -53,11 +53,11 @@ def flat(module: torch.nn.Module) -> torch.Tensor:
 
 
 def test_critic_learns_its_returns_and_first_step_metrics():
-    b = ppo_backend()
-    assert b.critic.values(advantages(samples(), b.algo, 2, TOK.pad_token_id, b)).abs().max() == 0  # zero head
+    b, algo = ppo_backend()
+    assert b.critic.values(algo_advantages(samples(), algo, 2, TOK.pad_token_id, b)).abs().max() == 0  # zero head
     losses, first = [], None
     for i in range(40):
-        batch = advantages(samples(), b.algo, 2, TOK.pad_token_id, b)
+        batch = algo_advantages(samples(), algo, 2, TOK.pad_token_id, b)
         m = b.train_rollout(batch)
         first = first or m
         losses.append(m["train/value_loss"])
@@ -70,16 +70,16 @@ def test_critic_learns_its_returns_and_first_step_metrics():
 
 
 def test_critic_only_steps_leave_the_policy_alone():
-    b = ppo_backend(num_critic_only_steps=2)
+    b, algo = ppo_backend(num_critic_only_steps=2)
     policy0, critic0 = flat(b.model), flat(b.critic.model)
     for _ in range(2):
-        m = b.train_rollout(advantages(samples(), b.algo, 2, TOK.pad_token_id, b))
+        m = b.train_rollout(algo_advantages(samples(), algo, 2, TOK.pad_token_id, b))
         assert "train/pg_loss" not in m and "train/value_loss" in m
     assert torch.equal(flat(b.model), policy0) and not torch.equal(flat(b.critic.model), critic0)
-    m = b.train_rollout(advantages(samples(), b.algo, 2, TOK.pad_token_id, b))
+    m = b.train_rollout(algo_advantages(samples(), algo, 2, TOK.pad_token_id, b))
     assert "train/pg_loss" in m and not torch.equal(flat(b.model), policy0)
     # the count survives a checkpoint: a restored backend continues with the policy training
-    b2 = ppo_backend(num_critic_only_steps=2)
+    b2, _ = ppo_backend(num_critic_only_steps=2)
     b2.load_state_dict(b.state_dict())
     assert b2.rollouts_trained == 3 and torch.equal(flat(b2.critic.model), flat(b.critic.model))
 
@@ -87,10 +87,10 @@ def test_critic_only_steps_leave_the_policy_alone():
 def test_ref_update_interval_refreshes_the_reference():
     algo = AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.1, ref_update_interval=2)
     train = TrainConfig(micro_batch_size=8, global_batch_size=8, num_steps_per_rollout=1, lr=1e-2, clip_grad=0.0)
-    b = TorchTrainBackend(base_model(), algo, train, temperature=1.0, total_steps=10, device=CPU, max_response_len=MAX_LEN)
+    b = torch_backend(base_model(), algo, train, temperature=1.0, total_steps=10, device=CPU, max_response_len=MAX_LEN)
     b.freeze_reference()
     ref0 = flat(b.ref_model)
-    b.train_rollout(advantages(samples(), algo, 2, TOK.pad_token_id, b))
+    b.train_rollout(algo_advantages(samples(), algo, 2, TOK.pad_token_id, b))
     assert torch.equal(flat(b.ref_model), ref0) and not torch.equal(flat(b.model), ref0)  # 1 rollout: kept
-    b.train_rollout(advantages(samples(), algo, 2, TOK.pad_token_id, b))
+    b.train_rollout(algo_advantages(samples(), algo, 2, TOK.pad_token_id, b))
     assert torch.equal(flat(b.ref_model), flat(b.model))  # 2 rollouts: the policy's weights

@@ -71,12 +71,12 @@ def megatron_logprobs(built):
 
     shim.install()
     from slime_hydra.training.megatron import convert
-    from slime_hydra.training.megatron.backend import MegatronTrainBackend
+    from tests.trainers import megatron_backend
 
     out = {}
     for fam in FAMILIES:
         cfg, hf, d = built[fam]
-        b = MegatronTrainBackend(convert.SafetensorsDir(d), hf.config, cfg.model, cfg.parallelism, cfg.algorithm, cfg.train,
+        b = megatron_backend(convert.SafetensorsDir(d), hf.config, cfg.model, cfg.parallelism, cfg.algorithm, cfg.train,
                                  1.0, 10, torch.device("cpu"), seed=cfg.seed)
         out[fam] = b.compute_log_probs(workers.fixed_batch())
         with torch.no_grad():  # and the export of what megatron holds is the checkpoint, exactly

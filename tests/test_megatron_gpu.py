@@ -24,7 +24,7 @@ def test_bf16_logits_match_transformers_and_export_is_exact(tmp_path):
     from slime_hydra.config.preflight import compose_run
     from slime_hydra.config.store import register
     from slime_hydra.models.build import build_model, build_tokenizer
-    from slime_hydra.training.megatron.backend import MegatronTrainBackend
+    from tests.trainers import megatron_backend
 
     register()
     # the tiny Qwen3 widened to a "small" one: 4 layers, d=512, 8 heads / 4 groups, head dim 64, bf16
@@ -35,7 +35,7 @@ def test_bf16_logits_match_transformers_and_export_is_exact(tmp_path):
     assert next(hf.parameters()).dtype == torch.bfloat16
     hf32 = copy.deepcopy(hf).float()  # the same (bf16-representable) weights, computed in fp32
     ref_sd = {k: v.clone() for k, v in hf.state_dict().items()}
-    b = MegatronTrainBackend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, cfg.algorithm, cfg.train, 1.0, 10,
+    b = megatron_backend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, cfg.algorithm, cfg.train, 1.0, 10,
                              torch.device("cuda"), seed=cfg.seed)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, hf.config.vocab_size, (4, 96), generator=g).cuda()  # full-length rows (no padding)

@@ -17,10 +17,10 @@ from torch.testing import assert_close
 
 from slime_hydra.config.preflight import compose_run, preflight
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
-from slime_hydra.engine.steps import advantages
 from slime_hydra.errors import ConfigError
 from slime_hydra.training.microbatch import micro_batch_cost, micro_batch_indices, partition_by_tokens
 from slime_hydra.training.torch_backend import TorchTrainBackend
+from tests import trainers
 from tests.conftest import run_cli
 from tests.test_algorithms_backend import CPU, MAX_LEN, TOK, base_model, make_batch, samples
 
@@ -127,7 +127,7 @@ def torch_backend(algo: AlgorithmConfig, steps: int = 1, **train_kw) -> TorchTra
     train = TrainConfig(global_batch_size=8 // steps, num_steps_per_rollout=steps, lr=1e-3, clip_grad=0.0,
                         prefix_sharing=False, skip_zero_advantage_samples=not (algo.use_kl_loss or algo.entropy_coef),
                         **train_kw)
-    b = TorchTrainBackend(base_model(), algo, train, temperature=1.0, total_steps=10, device=CPU, max_response_len=MAX_LEN)
+    b = trainers.torch_backend(base_model(), algo, train, temperature=1.0, total_steps=10, device=CPU, max_response_len=MAX_LEN)
     b.freeze_reference()
     return b
 
@@ -183,8 +183,8 @@ def test_torch_critic_dynamic_batches_give_the_fixed_step():
     fixed = torch_backend(algo, micro_batch_size=8, critic_lr=1e-2)
     dyn = torch_backend(algo, micro_batch_size=1, critic_lr=1e-2, use_dynamic_batch_size=True, max_tokens_per_gpu=24)
     for _ in range(2):  # the second rollout's values and advantages come from trained critics
-        m_fixed = fixed.train_rollout(advantages(samples(), algo, 2, TOK.pad_token_id, fixed))
-        m_dyn = dyn.train_rollout(advantages(samples(), algo, 2, TOK.pad_token_id, dyn))
+        m_fixed = fixed.train_rollout(trainers.algo_advantages(samples(), algo, 2, TOK.pad_token_id, fixed))
+        m_dyn = dyn.train_rollout(trainers.algo_advantages(samples(), algo, 2, TOK.pad_token_id, dyn))
         for key in ("train/value_loss", "train/value_grad_norm", "train/values_mean", "train/pg_loss"):
             assert abs(m_fixed[key] - m_dyn[key]) <= 1e-9 * max(1.0, abs(m_fixed[key])), (key, m_fixed[key], m_dyn[key])
     for p, q in zip(fixed.critic.model.parameters(), dyn.critic.model.parameters()):
@@ -199,7 +199,6 @@ def test_megatron_dynamic_batches_give_the_fixed_step():
     from tests.megatron_cpu import shim, workers
 
     shim.install()
-    from slime_hydra.training.megatron.backend import MegatronTrainBackend
 
     cfg, _, hf = workers.tiny_setup()
     batch = workers.fixed_batch()
@@ -207,8 +206,8 @@ def test_megatron_dynamic_batches_give_the_fixed_step():
     results = []
     for train in (cfg.train, dataclasses.replace(cfg.train, use_dynamic_batch_size=True, max_tokens_per_gpu=28,
                                                  log_probs_max_tokens_per_gpu=56)):
-        b = MegatronTrainBackend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, cfg.algorithm, train, 1.0, 10,
-                                 CPU, seed=cfg.seed, max_response_len=8)
+        b = trainers.megatron_backend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, cfg.algorithm, train, 1.0, 10,
+                                      CPU, max_response_len=8, seed=cfg.seed)
         if train.use_dynamic_batch_size:
             assert [mb.idx.tolist() for mb in b._micro_batches(batch, torch.arange(4))] == [[0, 1], [2, 3]]
             assert [mb.idx.tolist() for mb in b._micro_batches(batch, torch.arange(4), forward_only=True)] == [[0, 1, 2, 3]]
@@ -237,12 +236,11 @@ def uneven_batch():
 def train_once(parallel: dict, train_overrides: dict) -> dict:
     """One train_rollout (one step of the 4 rows) of the tiny megatron backend; metrics and log-probs after it."""
     from tests.megatron_cpu import workers
-    from slime_hydra.training.megatron.backend import MegatronTrainBackend
 
     cfg, _, hf = workers.tiny_setup(["train.num_steps_per_rollout=1"])
-    b = MegatronTrainBackend(hf.state_dict(), hf.config, cfg.model, dataclasses.replace(cfg.parallelism, **parallel),
-                             cfg.algorithm, dataclasses.replace(cfg.train, **train_overrides), 1.0, 10, CPU, seed=cfg.seed,
-                             max_response_len=8)
+    b = trainers.megatron_backend(hf.state_dict(), hf.config, cfg.model, dataclasses.replace(cfg.parallelism, **parallel),
+                                  cfg.algorithm, dataclasses.replace(cfg.train, **train_overrides), 1.0, 10, CPU,
+                                  max_response_len=8, seed=cfg.seed)
     batch = uneven_batch()
     mine = torch.arange(4)[torch.distributed.get_rank() :: torch.distributed.get_world_size()]
     return {"micro_batches": [mb.idx.tolist() for mb in b._micro_batches(batch, mine)],

@@ -24,7 +24,7 @@ from slime_hydra.models.build import build_model
 from slime_hydra.rollout.local import LocalRollout
 from slime_hydra.training.batch import collate
 from slime_hydra.training.packed import packed_logits
-from slime_hydra.training.torch_backend import TorchTrainBackend
+from tests.trainers import torch_backend
 from slime_hydra.types import Sample, SamplingParams, Status
 from tests.test_algorithms_backend import TOK, samples
 
@@ -146,7 +146,7 @@ def test_trainer_step_matches_transformers():
     batch = ragged_batch()
     batch.advantages = torch.linspace(-1, 1, batch.num_samples, dtype=torch.float64)[:, None] * batch.loss_mask
     train = TrainConfig(micro_batch_size=5, global_batch_size=10, num_steps_per_rollout=1, lr=1e-2, clip_grad=1.0)
-    backends = {impl: TorchTrainBackend(tiny(), AlgorithmConfig(), train, 1.0, 10, CPU, model_impl=impl)
+    backends = {impl: torch_backend(tiny(), AlgorithmConfig(), train, 1.0, 10, CPU, model_impl=impl)
                 for impl in ("transformers", "native")}
     metrics = {impl: b.train_rollout(copy.deepcopy(batch)) for impl, b in backends.items()}
     for key in ("train/pg_loss", "train/entropy", "train/grad_norm"):

@@ -95,14 +95,15 @@ def test_two_dp_ranks_match_one_rank_float64(ray_cluster, aggregation):
     from slime_hydra.models.build import build_model, build_tokenizer
     from slime_hydra.orchestration.calls import RayCalls
     from slime_hydra.orchestration.train_group import TrainGroup
-    from slime_hydra.training.torch_backend import TorchTrainBackend
+    from slime_hydra.app.algorithm import algorithm_specs
+    from tests.trainers import torch_backend
 
     cfg = compose_run(FAST + ["model.dtype=float64", f"algorithm.loss_aggregation={aggregation}", "num_rollout=1",
                               "train.num_steps_per_rollout=2", "train.micro_batch_size=2", "train.lr=1e-2"])
     # 8 prompts × 4 samples = 32 = global_batch_size 16 × 2 steps; each rank gets 8 of each step's 16
     batch = _batch(32, 10, 40, seed=0)
     tok = build_tokenizer(cfg.model)
-    one = TorchTrainBackend(build_model(cfg.model, tok, cfg.seed), cfg.algorithm, cfg.train, 1.0, 2, torch.device("cpu"),
+    one = torch_backend(build_model(cfg.model, tok, cfg.seed), cfg.algorithm, cfg.train, 1.0, 2, torch.device("cpu"),
                             max_response_len=cfg.rollout.rollout_max_response_len, model_impl=cfg.model.model_impl)
     m1 = one.train_rollout(batch)
 
@@ -110,7 +111,7 @@ def test_two_dp_ranks_match_one_rank_float64(ray_cluster, aggregation):
     pg = placement_group([lay.bundle] * lay.num_bundles)
     try:
         group = TrainGroup(pg, lay, 1, None, None, RayCalls(cfg.cluster.ray_call_timeout_s), cfg.cluster.distributed_timeout_s)
-        group.setup(cfg.model, cfg.algorithm, cfg.train, 1.0, 2, cfg.rollout.rollout_max_response_len, cfg.seed)
+        group.setup(cfg.model, algorithm_specs(cfg.algorithm, cfg.train, 2, cfg.rollout.rollout_max_response_len), 1.0, cfg.seed)
         m2 = group.train_rollout(batch)
         p0, p1 = group.parameters(0), group.parameters(1)
         group.shutdown()

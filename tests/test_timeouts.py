@@ -128,6 +128,7 @@ def test_train_group_collective_timeout_and_a_dead_rank(local_ray):
 
     from ray.util.placement_group import placement_group, remove_placement_group
 
+    from slime_hydra.app.algorithm import algorithm_specs
     from slime_hydra.config.preflight import compose_run
     from slime_hydra.orchestration.placement import plan_layout
     from slime_hydra.orchestration.train_group import TrainGroup, split_for_ranks
@@ -138,7 +139,7 @@ def test_train_group_collective_timeout_and_a_dead_rank(local_ray):
     pg = placement_group([lay.bundle] * lay.num_bundles)
     try:
         group = TrainGroup(pg, lay, 1, None, None, RayCalls(120.0, lambda: "Hint."), distributed_timeout_s=3.0)
-        group.setup(cfg.model, cfg.algorithm, cfg.train, 1.0, 1, cfg.rollout.rollout_max_response_len, cfg.seed)
+        group.setup(cfg.model, algorithm_specs(cfg.algorithm, cfg.train, 1, cfg.rollout.rollout_max_response_len), 1.0, cfg.seed)
         batch = _batch(32, 10, 40, seed=0)
         part0 = split_for_ranks(batch, group.num_steps, 2)[0]
         t0 = time.monotonic()

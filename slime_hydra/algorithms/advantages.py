@@ -2,8 +2,9 @@
 
 GRPO-family estimators (grpo, gspo, cispo) give one scalar per sample, broadcast to every response
 token; REINFORCE++ variants give per-token values (`reinforce.py`); ppo gives GAE over the critic's
-values (`critic.py`). `compute_advantages` is the one entry point the engine calls: [N] rewards ->
-[N, T] advantages on the trainer's loss mask (and, for ppo, the critic's [N, T] returns).
+values (`critic.py`). The `*_estimator` functions share one call, [N] rewards -> [N, T] advantages on
+the trainer's loss mask; the composition floor (app/algorithm.py) binds one, or `ppo_advantages`, into
+the AdvantageSpec the engine calls. `compute_advantages` picks one by name (for tests and benchmarks).
 """
 
 from __future__ import annotations
@@ -79,6 +80,37 @@ def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, eps: fl
     return out * mask
 
 
+# The estimators, in the advantage step's one call: (rewards [N], mask [N, T], kl [N, T] | None, group_size) ->
+# advantages [N, T]. The composition floor binds their parameters (functools.partial) into an AdvantageSpec.
+
+
+def group_estimator(rewards: Tensor, mask: Tensor, kl: Optional[Tensor], group_size: int, *, subtract_mean: bool,
+                    std_normalize: bool) -> Tensor:
+    """grpo / gspo / cispo: the group-normalised reward on every response token; the shaped KL is not applied (slime)."""
+    return broadcast_to_tokens(group_normalize(rewards.to(mask.dtype), group_size, subtract_mean, std_normalize), mask)
+
+
+def reinforce_plus_plus_estimator(rewards: Tensor, mask: Tensor, kl: Optional[Tensor], group_size: int, *, kl_coef: float,
+                                  gamma: float) -> Tensor:
+    """REINFORCE++ (no group baseline: group_size is not read)."""
+    return reinforce_plus_plus_advantages(rewards, mask, kl, kl_coef, gamma)
+
+
+def reinforce_plus_plus_baseline_estimator(rewards: Tensor, mask: Tensor, kl: Optional[Tensor], group_size: int, *,
+                                           kl_coef: float, subtract_mean: bool) -> Tensor:
+    return reinforce_plus_plus_baseline_advantages(rewards, mask, kl, kl_coef, group_size, subtract_mean)
+
+
+def plugin_estimator(rewards: Tensor, mask: Tensor, kl: Optional[Tensor], group_size: int, *, fn: CustomAdvantage) -> Tensor:
+    """algorithm.custom_advantage: fn's advantages in the mask's dtype, zero off the mask."""
+    return fn(rewards, mask, kl, group_size).to(mask.dtype) * mask
+
+
+def whitened(rewards: Tensor, mask: Tensor, kl: Optional[Tensor], group_size: int, *, estimator: CustomAdvantage) -> Tensor:
+    """algorithm.normalize_advantages: `estimator`'s advantages whitened over every masked token of the batch."""
+    return masked_whiten(estimator(rewards, mask, kl, group_size), mask)
+
+
 def compute_advantages(
     estimator: str,
     rewards: Tensor,
@@ -104,14 +136,15 @@ def compute_advantages(
     ppo needs the critic's values: `ppo_advantages`.
     """
     if custom is not None:
-        adv = custom(rewards, mask, kl, group_size).to(mask.dtype) * mask
+        adv = plugin_estimator(rewards, mask, kl, group_size, fn=custom)
     elif estimator in ("grpo", "gspo", "cispo"):
-        std = rewards_normalization and grpo_std_normalization
-        adv = broadcast_to_tokens(group_normalize(rewards.to(mask.dtype), group_size, rewards_normalization, std), mask)
+        adv = group_estimator(rewards, mask, kl, group_size, subtract_mean=rewards_normalization,
+                              std_normalize=rewards_normalization and grpo_std_normalization)
     elif estimator == "reinforce_plus_plus":
-        adv = reinforce_plus_plus_advantages(rewards, mask, kl, kl_coef, gamma)
+        adv = reinforce_plus_plus_estimator(rewards, mask, kl, group_size, kl_coef=kl_coef, gamma=gamma)
     elif estimator == "reinforce_plus_plus_baseline":
-        adv = reinforce_plus_plus_baseline_advantages(rewards, mask, kl, kl_coef, group_size, rewards_normalization)
+        adv = reinforce_plus_plus_baseline_estimator(rewards, mask, kl, group_size, kl_coef=kl_coef,
+                                                     subtract_mean=rewards_normalization)
     elif estimator == "ppo":
         raise ValueError("advantage_estimator=ppo needs the critic's values: call ppo_advantages")
     else:

@@ -68,8 +68,12 @@ def ppo_clip_loss(
     eps_clip: float,
     eps_clip_high: Optional[float] = None,
     eps_clip_c: Optional[float] = None,
+    *,
+    mask: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """PPO-clipped surrogate per token. Returns (loss [N, T], clipped [N, T] as 0/1, ppo_kl [N, T]).
+
+    `mask` is not read (the surrogate is per token); it is taken so that every surrogate has one call.
 
     L = max(-ratio*A, -clip(ratio, 1-eps_clip, 1+eps_clip_high)*A); with dual clip, for A < 0
     L = min(L, -eps_clip_c*A).

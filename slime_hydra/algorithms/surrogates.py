@@ -7,7 +7,7 @@ icepop / custom TIS functions; they would be new functions here and new config k
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -49,11 +49,14 @@ def cispo_loss(
     advantages: Tensor,
     eps_clip: float,
     eps_clip_high: Optional[float] = None,
+    *,
+    mask: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """CISPO (MiniMax-M1, 2025): L_t = -sg(clip(ratio, 1 - eps_clip, 1 + eps_clip_high)) * A_t * log pi_theta.
 
     The clipped ratio is a constant weight, so clipped tokens still pass gradient through log pi_theta.
-    clipped = 1 where the clamp changed the ratio (slime's compute_cispo_loss).
+    clipped = 1 where the clamp changed the ratio (slime's compute_cispo_loss). `mask` is not read (per
+    token); it is taken so that every surrogate has one call.
     """
     eps_high = eps_clip if eps_clip_high is None else eps_clip_high
     ppo_kl = old_log_probs - log_probs  # [N, T]
@@ -61,6 +64,14 @@ def cispo_loss(
     truncated = ratio.clamp(1 - eps_clip, 1 + eps_high)  # [N, T]
     loss = -truncated.detach() * advantages * log_probs  # [N, T]
     return loss, (truncated != ratio).to(log_probs.dtype), ppo_kl
+
+
+def plugin_surrogate(
+    log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor, *, fn: Callable[..., Tensor]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """algorithm.custom_loss as a surrogate: fn(log_probs, old_log_probs, advantages, mask) -> loss [N, T]; it
+    clips nothing (clipped 0) and its ppo_kl is the token log-ratio old - new."""
+    return fn(log_probs, old_log_probs, advantages, mask), torch.zeros_like(log_probs), old_log_probs - log_probs
 
 
 def tis_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, tis_clip_low: float, tis_clip: float) -> tuple[Tensor, Tensor]:

@@ -67,7 +67,7 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
             got = gen.next()  # wait for rollout k (generated ahead)
             gen.fill(min(cfg.async_buffer_size, cfg.num_rollout - step))  # rollout k+1 generates while k trains
             samples, t1 = got.samples, time.perf_counter()
-            batch = advantages(samples, cfg.algorithm, n, pad, c.trainer)  # advantages
+            batch = advantages(samples, c.advantage, n, pad, c.trainer)  # advantages
             t2 = time.perf_counter()
             metrics = c.trainer.train_rollout(batch)  # train
             t3 = time.perf_counter()

@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from slime_hydra.agent.hook import check_sample_overrides, wrap_rollout
+from slime_hydra.app.algorithm import run_specs
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.data.dataset import Prompt, load_prompts
 from slime_hydra.config.plugins import load_target
@@ -29,6 +30,7 @@ from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.rollout.base import RolloutBackend
 from slime_hydra.tracking.base import Tracker, build_tracker
 from slime_hydra.training.base import DistCheckpointing, TrainBackend
+from slime_hydra.training.specs import AdvantageSpec, AlgorithmSpecs
 from slime_hydra.types import SamplingParams
 
 
@@ -43,6 +45,7 @@ class Components:
     scorer: RewardScorer
     tracker: Tracker
     sampling: SamplingParams
+    advantage: AdvantageSpec
     output_dir: str = "."
     start_rollout: int = 0
     history: list = field(default_factory=list)
@@ -86,19 +89,17 @@ def build_eval_sets(cfg: RunConfig, tokenizer, sampling: SamplingParams) -> dict
     return sets
 
 
-def build_trainer(cfg: RunConfig, model: torch.nn.Module, device: torch.device) -> TrainBackend:
-    total_steps = cfg.num_rollout * cfg.train.num_steps_per_rollout
+def build_trainer(cfg: RunConfig, s: AlgorithmSpecs, model: torch.nn.Module, device: torch.device) -> TrainBackend:
     if cfg.train.backend == "megatron":  # GPTModel initialised from the HF model's weights (the rollout keeps the HF model)
         from slime_hydra.training.megatron.backend import MegatronTrainBackend
 
-        return MegatronTrainBackend(model.state_dict(), model.config, cfg.model, cfg.parallelism, cfg.algorithm, cfg.train,
-                                    cfg.rollout.rollout_temperature, total_steps, device, seed=cfg.seed,
-                                    max_response_len=cfg.rollout.rollout_max_response_len,
+        return MegatronTrainBackend(model.state_dict(), model.config, cfg.model, cfg.parallelism, s.loss, s.optim, s.batch,
+                                    cfg.train.megatron, cfg.rollout.rollout_temperature, device, seed=cfg.seed,
                                     distributed_timeout_s=cfg.cluster.distributed_timeout_s)
     from slime_hydra.training.torch_backend import TorchTrainBackend
 
-    return TorchTrainBackend(model, cfg.algorithm, cfg.train, cfg.rollout.rollout_temperature, total_steps, device,
-                             max_response_len=cfg.rollout.rollout_max_response_len, model_impl=cfg.model.model_impl)
+    return TorchTrainBackend(model, s.loss, s.optim, s.batch, cfg.rollout.rollout_temperature, device, critic=s.critic,
+                             model_impl=cfg.model.model_impl)
 
 
 def build_rollout(cfg: RunConfig, model: torch.nn.Module, tokenizer, output_dir: str = ".") -> RolloutBackend:
@@ -135,7 +136,8 @@ def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) 
     resume = ckpt.resolve_checkpoint(cfg.load) if cfg.load else None
     model_cfg = cfg.model if resume is None else type(cfg.model)(**{**cfg.model.__dict__, "hf_checkpoint": str(resume)})
     model = build_model(model_cfg, tokenizer, cfg.seed).to(device)
-    trainer = build_trainer(cfg, model, device)
+    specs = run_specs(cfg)
+    trainer = build_trainer(cfg, specs, model, device)
     source = PromptSource(train_prompts, cfg.rollout.n_samples_per_prompt, cfg.rollout.rollout_shuffle, cfg.rollout.rollout_seed)
     state = ckpt.load_state(resume) if resume else None
     tracker = build_tracker(cfg.logger, cfg.experiment_name, output_dir, resume_run_id=(state or {}).get("tracker_run_id"),
@@ -143,7 +145,7 @@ def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) 
     rollout = wrap_rollout(build_rollout(cfg, model, tokenizer, output_dir), tokenizer, cfg.rollout.custom_generate,
                            cfg.rollout.max_turns, metadatas)
     comps = Components(tokenizer, train_prompts, eval_sets, source, trainer, rollout,
-                       RewardScorer(cfg.reward), tracker, sampling, output_dir=output_dir, resumed_from=resume,
+                       RewardScorer(cfg.reward), tracker, sampling, specs.advantage, output_dir=output_dir, resumed_from=resume,
                        buffer=DataBuffer(source, load_target(cfg.rollout.buffer_filter)))
     if state is not None:
         restore(comps, state)

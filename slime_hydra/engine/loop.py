@@ -27,7 +27,7 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
         step, t0 = rollout_id + 1, time.perf_counter()
         got = collect_rollout(c.rollout, c.buffer, c.scorer, c.sampling, plan)  # generate, reward, dynamic sampling
         samples, t1 = got.samples, time.perf_counter()
-        batch = advantages(samples, cfg.algorithm, n, pad, c.trainer)  # advantages
+        batch = advantages(samples, c.advantage, n, pad, c.trainer)  # advantages
         t2 = time.perf_counter()
         metrics = c.trainer.train_rollout(batch)  # train
         t3 = time.perf_counter()

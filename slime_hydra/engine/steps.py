@@ -13,16 +13,15 @@ import torch
 
 from slime_hydra.aio import run_sync
 from slime_hydra.agent.metrics import agent_metrics
-from slime_hydra.algorithms.advantages import compute_advantages, ppo_advantages
 from slime_hydra.algorithms.groups import tied_groups
-from slime_hydra.config.plugins import load_target
-from slime_hydra.config.schema import AlgorithmConfig, EvalDatasetConfig, RolloutConfig
+from slime_hydra.config.schema import EvalDatasetConfig, RolloutConfig
 from slime_hydra.data.dataset import Prompt
 from slime_hydra.data.source import prompt_group
 from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.rollout.base import RolloutBackend
 from slime_hydra.training.base import TrainBackend, TrainBatch
 from slime_hydra.training.batch import collate
+from slime_hydra.training.specs import AdvantageSpec
 from slime_hydra.types import Sample, SamplingParams, Status
 
 
@@ -37,24 +36,18 @@ def eval_sampling(ds: EvalDatasetConfig, rollout: SamplingParams) -> SamplingPar
                           rollout.stop_token_ids, rollout.stop)
 
 
-def advantages(samples: list[Sample], algo: AlgorithmConfig, group_size: int, pad_id: int, trainer: TrainBackend) -> TrainBatch:
+def advantages(samples: list[Sample], spec: AdvantageSpec, group_size: int, pad_id: int, trainer: TrainBackend) -> TrainBatch:
     """Collate, then [N, T] per-token advantages on the batch's loss mask (REINFORCE++ needs it); the
-    reward-shaping KL comes from the trainer (policy vs reference) only when algorithm.kl_coef != 0, and
-    ppo's values from the trainer's critic (batch.values and batch.returns are the critic's targets)."""
+    reward-shaping KL comes from the trainer (policy vs reference) only with spec.shaping_kl, and a
+    critic estimator's values from the trainer's critic (batch.values and batch.returns are its targets)."""
     batch = collate(samples, torch.zeros(len(samples)), pad_id)
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-    kl = trainer.reward_kl(batch) if algo.kl_coef else None
-    if algo.advantage_estimator == "ppo":
+    kl = trainer.reward_kl(batch) if spec.shaping_kl else None
+    if spec.gae is not None:
         batch.values = trainer.values(batch)  # [N, T] the critic's, at rollout time
-        batch.advantages, batch.returns = ppo_advantages(rewards, batch.loss_mask, kl, batch.values, kl_coef=algo.kl_coef,
-                                                         gamma=algo.gamma, lambd=algo.lambd,
-                                                         normalize_advantages=algo.normalize_advantages)
-        return batch
-    batch.advantages = compute_advantages(
-        algo.advantage_estimator, rewards, batch.loss_mask, kl, group_size,
-        rewards_normalization=algo.rewards_normalization, grpo_std_normalization=algo.grpo_std_normalization,
-        kl_coef=algo.kl_coef, gamma=algo.gamma, normalize_advantages=algo.normalize_advantages,
-        custom=load_target(algo.custom_advantage))
+        batch.advantages, batch.returns = spec.gae(rewards, batch.loss_mask, kl, batch.values)
+    else:
+        batch.advantages = spec.estimate(rewards, batch.loss_mask, kl, group_size)
     return batch
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from slime_hydra.agent.hook import check_sample_overrides, wrap_rollout
+from slime_hydra.app.algorithm import run_specs
 from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.data.buffer import DataBuffer
@@ -44,6 +45,7 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
     resume = ckpt.resolve_checkpoint(cfg.load) if cfg.load else None
     model_cfg = cfg.model if resume is None else type(cfg.model)(**{**cfg.model.__dict__, "hf_checkpoint": str(resume)})
     state = ckpt.load_state(resume) if resume else None
+    specs = run_specs(cfg)  # names turned into the trainer's and the advantage step's callables
 
     import ray
 
@@ -58,8 +60,7 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
         calls = RayCalls(cfg.cluster.ray_call_timeout_s, lambda: resume_hint(save_dir))
         trainer = TrainGroup(pg, layout, cfg.cluster.num_threads, uri, tracker.run_id if uri else None, calls,
                              cfg.cluster.distributed_timeout_s)
-        trainer.setup(model_cfg, cfg.algorithm, cfg.train, cfg.rollout.rollout_temperature,
-                      cfg.num_rollout * cfg.train.num_steps_per_rollout, cfg.rollout.rollout_max_response_len, cfg.seed)
+        trainer.setup(model_cfg, specs, cfg.rollout.rollout_temperature, cfg.seed)
         manager = ray.remote(RolloutManager).options(num_cpus=0).remote(pg, layout, model_cfg, train_prompts, cfg.rollout, cfg.seed,
                                                                         cfg.cluster.num_threads, cfg.cluster.ray_call_timeout_s)
 
@@ -71,7 +72,7 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
                                cfg.rollout.max_turns, metadatas)
         source = RemoteSource(manager, calls)
         comps = Components(tokenizer, train_prompts, eval_sets, source, trainer, rollout, RewardScorer(cfg.reward),
-                           tracker, sampling, output_dir=output_dir, resumed_from=resume,
+                           tracker, sampling, specs.advantage, output_dir=output_dir, resumed_from=resume,
                            buffer=DataBuffer(source, load_target(cfg.rollout.buffer_filter)))
     except BaseException:
         placement.shutdown(pg, started)

@@ -22,10 +22,11 @@ from typing import Any, Iterator, Optional
 import ray
 import torch
 
-from slime_hydra.config.schema import AlgorithmConfig, ModelConfig, TrainConfig
+from slime_hydra.config.schema import ModelConfig
 from slime_hydra.orchestration.calls import RayCalls
 from slime_hydra.orchestration.placement import Layout, node_ip_and_free_port, on_bundle
 from slime_hydra.training.base import TrainBatch
+from slime_hydra.training.specs import AlgorithmSpecs
 
 
 def split_for_ranks(batch: TrainBatch, num_steps: int, world_size: int) -> list[TrainBatch]:
@@ -62,8 +63,8 @@ class TrainRank:
     def address(self) -> tuple[str, int]:
         return node_ip_and_free_port()
 
-    def setup(self, init_method: str, distributed_timeout_s: float, model: ModelConfig, algorithm: AlgorithmConfig,
-              train: TrainConfig, temperature: float, total_steps: int, max_response_len: int, seed: int) -> None:
+    def setup(self, init_method: str, distributed_timeout_s: float, model: ModelConfig, specs: AlgorithmSpecs,
+              temperature: float, seed: int) -> None:
         from slime_hydra.engine.build import seed_everything
         from slime_hydra.models.build import build_model, build_tokenizer
         from slime_hydra.training.distributed import DataParallelTorchBackend, init_process_group
@@ -71,14 +72,14 @@ class TrainRank:
         init_process_group(self.rank, self.world_size, init_method, self.device, distributed_timeout_s)
         seed_everything(seed)
         net = build_model(model, build_tokenizer(model), seed)  # same seed: same initial weights on every rank
-        self.trainer = DataParallelTorchBackend(net, algorithm, train, temperature, total_steps, self.device,
-                                                max_response_len=max_response_len, model_impl=model.model_impl)
+        self.trainer = DataParallelTorchBackend(net, specs.loss, specs.optim, specs.batch, temperature, self.device,
+                                                critic=specs.critic, model_impl=model.model_impl)
 
     def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
         t0 = time.perf_counter()
         metrics = self.trainer.train_rollout(batch)
         if self.run_id:
-            step = self.trainer.scheduler.last_epoch // self.trainer.cfg.num_steps_per_rollout
+            step = self.trainer.scheduler.last_epoch // self.trainer.batch.num_steps_per_rollout
             self._log({f"perf/rank{self.rank}_train_time_s": time.perf_counter() - t0}, step)
         return metrics
 
@@ -129,12 +130,11 @@ class TrainGroup:
                       for r, b in enumerate(layout.actor_bundles)]
         self.num_steps = 1
 
-    def setup(self, model: ModelConfig, algorithm: AlgorithmConfig, train: TrainConfig, temperature: float, total_steps: int,
-              max_response_len: int, seed: int) -> None:
+    def setup(self, model: ModelConfig, specs: AlgorithmSpecs, temperature: float, seed: int) -> None:
         ip, port = self.calls.get(self.ranks[0].address.remote(), "starting the train actor", ["rank 0"])
-        self.num_steps = train.num_steps_per_rollout
-        self.calls.get([r.setup.remote(f"tcp://{ip}:{port}", self.distributed_timeout_s, model, algorithm, train, temperature,
-                                       total_steps, max_response_len, seed) for r in self.ranks],
+        self.num_steps = specs.batch.num_steps_per_rollout
+        self.calls.get([r.setup.remote(f"tcp://{ip}:{port}", self.distributed_timeout_s, model, specs, temperature, seed)
+                        for r in self.ranks],
                        "train setup (process group, model)", self.labels)
 
     # -- TrainBackend ------------------------------------------------------------------------

@@ -7,6 +7,9 @@ from typing import Callable, Iterator, Optional, Protocol, runtime_checkable
 
 import torch
 
+from slime_hydra.algorithms.losses import kl_estimate
+from slime_hydra.training.specs import LossSpec
+
 
 @dataclass
 class TrainBatch:
@@ -34,16 +37,14 @@ class TrainBatch:
                           self.advantages[idx, : t - 1], rows(self.rollout_log_probs), rows(self.returns), rows(self.values))
 
 
-def shaping_kl(batch: TrainBatch, algo, log_probs: Callable[..., torch.Tensor], ref: Optional[object]) -> torch.Tensor:
+def shaping_kl(batch: TrainBatch, loss: LossSpec, log_probs: Callable[..., torch.Tensor], ref: Optional[object]) -> torch.Tensor:
     """[N, T] KL(pi_old || ref) on the loss mask for algorithm.kl_coef's reward shaping (slime: old = the
-    recomputed log-probs, or the rollout's with use_rollout_logprobs; estimator algorithm.kl_loss_type).
+    recomputed log-probs, or the rollout's with use_rollout_logprobs; estimator kl_loss_type).
     `log_probs(batch, model=None)` is the backend's log-prob pass; `ref` its frozen reference."""
-    from slime_hydra.algorithms.losses import kl_estimate
-
     if ref is None:
         raise RuntimeError("reward_kl needs the reference model: call freeze_reference() first (algorithm.kl_coef != 0)")
-    old = batch.rollout_log_probs if algo.use_rollout_logprobs else log_probs(batch)
-    return kl_estimate(old, log_probs(batch, ref), algo.kl_loss_type) * batch.loss_mask  # [N, T]
+    old = batch.rollout_log_probs if loss.use_rollout_logprobs else log_probs(batch)
+    return kl_estimate(old, log_probs(batch, ref), loss.kl_loss_type) * batch.loss_mask  # [N, T]
 
 
 class TrainBackend(Protocol):

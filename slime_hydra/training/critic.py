@@ -1,9 +1,9 @@
 """PPO's value model for `train.backend=torch`: the policy's transformer body plus a scalar head.
 
 As slime's critic, it starts from the policy's weights (after any warm start) with a fresh value
-head (zero-initialised, so the first values are 0), has its own AdamW (`train.critic_lr`, the
-policy's lr schedule shape) and trains on the clipped value loss (`algorithm.value_clip`) of the
-returns GAE gives, aggregated like the policy loss (`algorithm.loss_aggregation`).
+head (zero-initialised, so the first values are 0), has its own AdamW (the CriticSpec's OptimSpec:
+`train.critic_lr`, the policy's lr schedule shape) and trains on the clipped value loss (`value_clip`)
+of the returns GAE gives, aggregated like the policy loss (the LossSpec's `loss_aggregation`).
 Layout: values[:, t] = V(tokens[: t + 1]), the value of the state that predicts token t + 1, so it
 lines up with the loss mask and the advantages ([N, T], see training/batch.py).
 """
@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import copy
 from collections import defaultdict
-from typing import Optional
 
 import torch
 from torch import nn
 
 from slime_hydra.algorithms import losses as L
 from slime_hydra.algorithms.critic import value_loss
-from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.training.base import TrainBatch
-from slime_hydra.training.microbatch import budgets, micro_batch_indices
+from slime_hydra.training.microbatch import micro_batch_indices
 from slime_hydra.training.optim import adamw
 from slime_hydra.training.schedule import lr_multiplier
+from slime_hydra.training.specs import BatchSpec, CriticSpec, LossSpec
 
 
 class ValueModel(nn.Module):
@@ -42,19 +41,16 @@ class ValueModel(nn.Module):
 
 
 class TorchCritic:
-    def __init__(self, policy: nn.Module, algorithm: AlgorithmConfig, train: TrainConfig, total_steps: int,
-                 device: torch.device, max_response_len: Optional[int] = None):
-        self.algo, self.cfg, self.device = algorithm, train, device
-        self.max_response_len = max_response_len
+    def __init__(self, policy: nn.Module, spec: CriticSpec, batch: BatchSpec, loss: LossSpec, device: torch.device):
+        """loss: the policy's LossSpec, whose aggregation (and its max_response_len) the value loss shares."""
+        self.spec, self.batch, self.device = spec, batch, device
+        self.loss_aggregation, self.max_response_len = loss.loss_aggregation, loss.max_response_len
         self.model = ValueModel(policy).to(device).train()
-        self.max_tokens, self.forward_max_tokens = budgets(train.use_dynamic_batch_size, train.max_tokens_per_gpu,
-                                                           train.log_probs_max_tokens_per_gpu)
-        lr = train.critic_lr if train.critic_lr is not None else train.lr
-        self.optimizer = adamw(self.model.parameters(), train.adam_impl, lr=lr, betas=(train.adam_beta1, train.adam_beta2),
-                               eps=train.adam_eps, weight_decay=train.weight_decay)
+        o = spec.optim
+        self.optimizer = adamw(self.model.parameters(), o.adam_impl, lr=o.lr, betas=(o.adam_beta1, o.adam_beta2),
+                               eps=o.adam_eps, weight_decay=o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_multiplier(train.lr_decay_style, train.lr_warmup_iters, total_steps, lr,
-                                          train.min_lr * lr / train.lr if train.lr > 0 else 0.0))
+            self.optimizer, lr_multiplier(o.lr_decay_style, o.lr_warmup_iters, o.total_steps, o.lr, o.min_lr))
 
     def reset_from(self, policy: nn.Module) -> None:
         """Re-copy the body from the policy (after the warm start changed it), keeping the zero head."""
@@ -62,8 +58,9 @@ class TorchCritic:
 
     def _micro_batches(self, batch: TrainBatch, idx: torch.Tensor, forward_only: bool) -> list[torch.Tensor]:
         """Rows `idx` by micro_batch_size or by the token budget (padded tokens: the HF body pads)."""
-        return micro_batch_indices(idx, batch.attention_mask.sum(-1), self.cfg.micro_batch_size,
-                                   self.forward_max_tokens if forward_only else self.max_tokens, padded=True)
+        b = self.batch
+        return micro_batch_indices(idx, batch.attention_mask.sum(-1), b.micro_batch_size,
+                                   b.log_probs_max_tokens_per_gpu if forward_only else b.max_tokens_per_gpu, padded=True)
 
     @torch.no_grad()
     def values(self, batch: TrainBatch) -> torch.Tensor:
@@ -79,9 +76,9 @@ class TorchCritic:
         """num_steps_per_rollout optimizer steps on batch.returns / batch.values -> train/value_* metrics."""
         if batch.returns is None or batch.values is None:
             raise ValueError("TorchCritic.train_rollout needs batch.returns and batch.values (advantage_estimator=ppo)")
-        steps = self.cfg.num_steps_per_rollout
+        steps = self.batch.num_steps_per_rollout
         gbs = batch.num_samples // steps
-        mode = self.algo.loss_aggregation
+        mode = self.loss_aggregation
         metric_mode = L.metric_aggregation(mode)
         sums: dict[str, float] = defaultdict(float)
         for step in range(steps):
@@ -95,13 +92,13 @@ class TorchCritic:
                 mask = mb.loss_mask.to(self.device)
                 v = self.model(mb.input_ids.to(self.device), mb.attention_mask.to(self.device))  # [n, T]
                 loss_tok, clipped = value_loss(v, mb.values.to(self.device, v.dtype), mb.returns.to(self.device, v.dtype),
-                                               self.algo.value_clip)
+                                               self.spec.value_clip)
                 loss = 0.5 * L.aggregate(loss_tok, mask, mode, denom)  # 0.5 x squared error: dL/dV = V - G
                 loss.backward()
                 m["train/value_loss"] += loss.item()
                 m["train/value_clipfrac"] += L.aggregate(clipped, mask, metric_mode, metric_denom).item()
                 m["train/values_mean"] += L.aggregate(v.detach(), mask, metric_mode, metric_denom).item()
-            max_norm = self.cfg.clip_grad if self.cfg.clip_grad > 0 else float("inf")
+            max_norm = self.spec.optim.clip_grad if self.spec.optim.clip_grad > 0 else float("inf")
             m["train/value_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
             self.optimizer.step()
             self.scheduler.step()

@@ -5,11 +5,11 @@ optimizer steps; each step's samples are split into micro-batches whose losses s
 step's loss (the aggregation denominator is the whole step's). Old log-probs are recomputed with
 the weights from before the rollout's first step for the samples of later steps; on the first step
 they *are* the current forward pass (detached), so its ppo_kl is exactly 0 and no extra pass is
-spent on them. With algorithm.use_rollout_logprobs the rollout engine's log-probs are the old ones.
-The surrogate follows algorithm.advantage_estimator (PPO-clip, GSPO, CISPO) or algorithm.custom_loss.
-With advantage_estimator=ppo the backend owns a critic (training/critic.py), trained on every rollout;
-the policy sits out the first algorithm.num_critic_only_steps rollouts. algorithm.ref_update_interval
-re-snapshots the KL reference from the policy every that many rollouts.
+spent on them. With use_rollout_logprobs the rollout engine's log-probs are the old ones.
+The loss is the LossSpec's (its surrogate a callable: PPO-clip, GSPO, CISPO or algorithm.custom_loss).
+Given a CriticSpec (ppo) the backend owns a critic (training/critic.py), trained on every rollout; the
+policy sits out its first num_critic_only_steps rollouts. ref_update_interval re-snapshots the KL
+reference from the policy every that many rollouts.
 """
 
 from __future__ import annotations
@@ -21,73 +21,63 @@ from typing import Iterator, Optional
 import torch
 
 from slime_hydra.algorithms import losses as L
-from slime_hydra.config.plugins import load_target
-from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.training.base import TrainBatch, shaping_kl
 from slime_hydra.training.critic import TorchCritic
-from slime_hydra.training.microbatch import budgets, micro_batch_indices
+from slime_hydra.training.microbatch import micro_batch_indices
 from slime_hydra.training.optim import adamw
 from slime_hydra.training.policy_loss import old_log_probs, policy_loss
 from slime_hydra.training.packed import packed_logits
 from slime_hydra.training.prefix import shared_prefix_logits
 from slime_hydra.training.schedule import lr_multiplier
+from slime_hydra.training.specs import BatchSpec, CriticSpec, LossSpec, OptimSpec
 
 
 class TorchTrainBackend:
-    def __init__(self, model: torch.nn.Module, algorithm: AlgorithmConfig, train: TrainConfig,
-                 temperature: float, total_steps: int, device: torch.device, max_response_len: Optional[int] = None,
-                 model_impl: str = "transformers"):
+    def __init__(self, model: torch.nn.Module, loss: LossSpec, optim: OptimSpec, batch: BatchSpec, temperature: float,
+                 device: torch.device, critic: Optional[CriticSpec] = None, model_impl: str = "transformers"):
         self.model = model.to(device).train()
         self.device = device
-        self.algo = algorithm
-        self.cfg = train
+        self.loss, self.optim, self.batch = loss, optim, batch
         self.temperature = temperature
         self.model_impl = model_impl  # transformers | native (training/packed.py)
-        self.max_response_len = max_response_len  # the constant normalizer of seq_mean_token_sum_norm
-        # train.use_dynamic_batch_size: token budgets of the train pass and the forward-only passes (None: micro_batch_size)
-        self.max_tokens, self.log_probs_max_tokens = budgets(train.use_dynamic_batch_size, train.max_tokens_per_gpu,
-                                                             train.log_probs_max_tokens_per_gpu)
-        if algorithm.loss_aggregation == "seq_mean_token_sum_norm" and not max_response_len:
-            raise ValueError("algorithm.loss_aggregation=seq_mean_token_sum_norm needs TorchTrainBackend(max_response_len="
-                             "rollout.rollout_max_response_len)")
-        self.custom_loss = load_target(algorithm.custom_loss)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = adamw(self.params, train.adam_impl, lr=train.lr, betas=(train.adam_beta1, train.adam_beta2),
-                               eps=train.adam_eps, weight_decay=train.weight_decay)
+        self.optimizer = adamw(self.params, optim.adam_impl, lr=optim.lr, betas=(optim.adam_beta1, optim.adam_beta2),
+                               eps=optim.adam_eps, weight_decay=optim.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_multiplier(train.lr_decay_style, train.lr_warmup_iters, total_steps, train.lr, train.min_lr))
+            self.optimizer, lr_multiplier(optim.lr_decay_style, optim.lr_warmup_iters, optim.total_steps, optim.lr, optim.min_lr))
         self.ref_model: Optional[torch.nn.Module] = None
         self._sft_optimizer: Optional[torch.optim.Optimizer] = None
-        self.critic = (TorchCritic(self.model, algorithm, train, total_steps, device, max_response_len)
-                       if algorithm.advantage_estimator == "ppo" else None)
+        self.critic = TorchCritic(self.model, critic, batch, loss, device) if critic is not None else None
+        self.critic_only_steps = critic.num_critic_only_steps if critic is not None else 0
         self.rollouts_trained = 0  # rollouts seen by train_rollout (num_critic_only_steps, ref_update_interval)
 
     def freeze_reference(self) -> None:
         """After any warm start: snapshot the KL reference, and start the critic from the policy's body."""
-        if self.algo.use_kl_loss or self.algo.kl_coef != 0:
+        if self.loss.keep_reference:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         if self.critic is not None:
             self.critic.reset_from(self.model)
 
     def values(self, batch: TrainBatch) -> torch.Tensor:
         if self.critic is None:
-            raise RuntimeError("values() needs the critic: algorithm.advantage_estimator=ppo")
+            raise RuntimeError("values() needs the critic (a CriticSpec: algorithm.advantage_estimator=ppo)")
         return self.critic.values(batch)
 
     # -- forward -----------------------------------------------------------------------------
     def _micro_batches(self, batch: TrainBatch, idx: torch.Tensor, forward_only: bool = False) -> list[torch.Tensor]:
         """Rows `idx` of `batch` split into micro-batches (index tensors): by micro_batch_size, or by the token
         budget, costed as padded tokens unless the native forward packs them."""
-        return micro_batch_indices(idx, batch.attention_mask.sum(-1), self.cfg.micro_batch_size,
-                                   self.log_probs_max_tokens if forward_only else self.max_tokens,
+        b = self.batch
+        return micro_batch_indices(idx, batch.attention_mask.sum(-1), b.micro_batch_size,
+                                   b.log_probs_max_tokens_per_gpu if forward_only else b.max_tokens_per_gpu,
                                    padded=self.model_impl != "native")
 
     def _logits(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
         """[n, T, V]; exact on the loss mask (train.prefix_sharing runs each distinct prompt once)."""
         ids, attn = mb.input_ids.to(self.device), mb.attention_mask.to(self.device)
         if self.model_impl == "native":
-            return packed_logits(model, ids, attn, mb.loss_mask.to(self.device), share_prefix=self.cfg.prefix_sharing)
-        if self.cfg.prefix_sharing:
+            return packed_logits(model, ids, attn, mb.loss_mask.to(self.device), share_prefix=self.batch.prefix_sharing)
+        if self.batch.prefix_sharing:
             return shared_prefix_logits(model, ids, attn, mb.loss_mask.to(self.device))
         return model(input_ids=ids, attention_mask=attn).logits[:, :-1]
 
@@ -104,21 +94,21 @@ class TorchTrainBackend:
 
     @torch.no_grad()
     def reward_kl(self, batch: TrainBatch) -> torch.Tensor:
-        return shaping_kl(batch, self.algo, self.compute_log_probs, self.ref_model)
+        return shaping_kl(batch, self.loss, self.compute_log_probs, self.ref_model)
 
     # -- RL ----------------------------------------------------------------------------------
     def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
         metrics = self.critic.train_rollout(batch) if self.critic is not None else {}
-        if self.rollouts_trained >= self.algo.num_critic_only_steps:
+        if self.rollouts_trained >= self.critic_only_steps:
             metrics |= self._train_policy(batch)
         self.rollouts_trained += 1
-        interval = self.algo.ref_update_interval
+        interval = self.loss.ref_update_interval
         if interval and self.ref_model is not None and self.rollouts_trained % interval == 0:
             self.ref_model.load_state_dict(self.model.state_dict())  # slime's --ref-update-interval
         return metrics
 
     def _train_policy(self, batch: TrainBatch) -> dict[str, float]:
-        steps = self.cfg.num_steps_per_rollout
+        steps = self.batch.num_steps_per_rollout
         gbs = batch.num_samples // steps
         old_later = self._old_log_probs_after_first_step(batch, gbs)
         sums: dict[str, float] = defaultdict(float)
@@ -132,7 +122,7 @@ class TorchTrainBackend:
 
     def _old_log_probs_after_first_step(self, batch: TrainBatch, gbs: int) -> Optional[torch.Tensor]:
         """[N, T] pre-update log-probs for the samples of steps 2.. (None when one step or rollout log-probs)."""
-        if self.cfg.num_steps_per_rollout == 1 or self.algo.use_rollout_logprobs:
+        if self.batch.num_steps_per_rollout == 1 or self.loss.use_rollout_logprobs:
             return None
         later = self.compute_log_probs(batch.select(torch.arange(gbs, batch.num_samples)))
         out = torch.zeros_like(batch.loss_mask)
@@ -140,10 +130,10 @@ class TorchTrainBackend:
         return out
 
     def _train_step(self, batch: TrainBatch, idx: torch.Tensor, old_all: Optional[torch.Tensor]) -> dict[str, float]:
-        mode = self.algo.loss_aggregation
+        mode = self.loss.loss_aggregation
         denom = self._step_denominator([batch.loss_mask[idx]], mode)
         keep = idx
-        if self.cfg.skip_zero_advantage_samples:
+        if self.batch.skip_zero_advantage_samples:
             keep = idx[(batch.advantages[idx] != 0).any(-1)]
         self._zero_grads()
         m: dict[str, float] = defaultdict(float)
@@ -163,24 +153,24 @@ class TorchTrainBackend:
 
     def _step_denominator(self, masks: list[torch.Tensor], mode: str) -> float:
         """A step's aggregation denominator (training/distributed.py sums it over data-parallel ranks)."""
-        return L.step_denominator(masks, mode, self.max_response_len)
+        return L.step_denominator(masks, mode, self.loss.max_response_len)
 
     def _micro_batch_loss(self, mb: TrainBatch, mb_idx: torch.Tensor, old_all: Optional[torch.Tensor], denom: float):
         """One micro-batch: (loss, scalar terms, per-token metrics, mask). Scalars sum exactly over micro-batches."""
-        a = self.algo
+        spec = self.loss
         mask, adv = mb.loss_mask.to(self.device), mb.advantages.to(self.device)
         logits = self._logits(self.model, mb)
         targets = mb.input_ids[:, 1:].to(self.device)
         logp = L.log_probs_from_logits(logits, targets, self.temperature)  # [n, T]
-        ent = L.entropy_from_logits(logits if a.entropy_coef else logits.detach(), self.temperature)  # [n, T]
+        ent = L.entropy_from_logits(logits if spec.entropy_coef else logits.detach(), self.temperature)  # [n, T]
         rollout_lp = mb.rollout_log_probs.to(self.device) if mb.rollout_log_probs is not None else None
-        old = old_log_probs(a, logp, rollout_lp, None if old_all is None else old_all[mb_idx])  # [n, T]
+        old = old_log_probs(spec, logp, rollout_lp, None if old_all is None else old_all[mb_idx])  # [n, T]
 
         def ref_logp():
             with torch.no_grad():
                 return L.log_probs_from_logits(self._logits(self.ref_model, mb), targets, self.temperature)
 
-        loss, scalars, per_token = policy_loss(a, self.custom_loss, logp, ent, old, adv, mask, rollout_lp, ref_logp, denom)
+        loss, scalars, per_token = policy_loss(spec, logp, ent, old, adv, mask, rollout_lp, ref_logp, denom)
         return loss, scalars, per_token, mask
 
     def _zero_grads(self) -> None:
@@ -193,7 +183,7 @@ class TorchTrainBackend:
                 p.grad.zero_()
 
     def _clip_and_step(self) -> float:
-        max_norm = self.cfg.clip_grad if self.cfg.clip_grad > 0 else float("inf")
+        max_norm = self.optim.clip_grad if self.optim.clip_grad > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
         self.optimizer.step()
         self.scheduler.step()
@@ -202,9 +192,9 @@ class TorchTrainBackend:
     # -- SFT warm start ----------------------------------------------------------------------
     def sft_step(self, batch: TrainBatch, lr: float) -> float:
         if self._sft_optimizer is None:
-            self._sft_optimizer = adamw(self.params, self.cfg.adam_impl, lr=lr)
+            self._sft_optimizer = adamw(self.params, self.optim.adam_impl, lr=lr)
         self._sft_optimizer.zero_grad(set_to_none=True)
-        mode = L.metric_aggregation(self.algo.loss_aggregation)  # token-sum modes are for the RL loss, not SFT
+        mode = L.metric_aggregation(self.loss.loss_aggregation)  # token-sum modes are for the RL loss, not SFT
         denom = L.step_denominator([batch.loss_mask], mode)
         total = 0.0
         for rows in self._micro_batches(batch, torch.arange(batch.num_samples)):
@@ -213,7 +203,7 @@ class TorchTrainBackend:
             loss = L.aggregate(L.sft_token_loss(logp), mb.loss_mask.to(self.device), mode, denom)
             loss.backward()
             total += loss.item()
-        torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip_grad if self.cfg.clip_grad > 0 else float("inf"))
+        torch.nn.utils.clip_grad_norm_(self.params, self.optim.clip_grad if self.optim.clip_grad > 0 else float("inf"))
         self._sft_optimizer.step()
         return total
 

@@ -10,16 +10,15 @@ if dev.type == "cpu":
     from tests.megatron_cpu import shim
 
     shim.install()
-from slime_hydra.training.megatron.backend import MegatronTrainBackend  # noqa: E402
-from slime_hydra.training.torch_backend import TorchTrainBackend  # noqa: E402
+from tests.trainers import megatron_backend, torch_backend  # noqa: E402
 from tests.megatron_cpu.workers import fixed_batch, tiny_setup  # noqa: E402
 
 cfg, tok, hf = tiny_setup(sys.argv[1:])
 hf = hf.to(dev)
 hf2 = copy.deepcopy(hf)
 h0 = {k: v.clone() for k, v in hf.state_dict().items()}
-mb = MegatronTrainBackend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, cfg.algorithm, cfg.train, 1.0, 10, dev)
-tb = TorchTrainBackend(hf2, cfg.algorithm, cfg.train, 1.0, 10, dev)
+mb = megatron_backend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, cfg.algorithm, cfg.train, 1.0, 10, dev)
+tb = torch_backend(hf2, cfg.algorithm, cfg.train, 1.0, 10, dev)
 b = fixed_batch()
 for i in range(3):
     print("sft loss megatron / torch", mb.sft_step(b, 1e-3), tb.sft_step(b, 1e-3))

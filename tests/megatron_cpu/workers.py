@@ -46,10 +46,10 @@ def run_layout(cfg, hf, parallel, out_dir: str, tag: str) -> dict:
     """Convert, export, one train_rollout, log-probs after it; returns this rank's results."""
     import dataclasses
 
-    from slime_hydra.training.megatron.backend import MegatronTrainBackend
+    from tests.trainers import megatron_backend
 
     par = dataclasses.replace(cfg.parallelism, **parallel)
-    b = MegatronTrainBackend(hf.state_dict(), hf.config, cfg.model, par, cfg.algorithm, cfg.train, 1.0, 10,
+    b = megatron_backend(hf.state_dict(), hf.config, cfg.model, par, cfg.algorithm, cfg.train, 1.0, 10,
                              torch.device("cpu"), seed=cfg.seed, max_response_len=8)
     batch = fixed_batch()
     before = b.compute_log_probs(batch)
@@ -64,9 +64,9 @@ def run_layout(cfg, hf, parallel, out_dir: str, tag: str) -> dict:
 
 def train_twice(cfg, hf) -> dict:
     """Log-probs before and after two train_rollouts of one TP=PP=DP=1 backend (no checkpoint)."""
-    from slime_hydra.training.megatron.backend import MegatronTrainBackend
+    from tests.trainers import megatron_backend
 
-    b = MegatronTrainBackend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, cfg.algorithm, cfg.train, 1.0, 10,
+    b = megatron_backend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, cfg.algorithm, cfg.train, 1.0, 10,
                              torch.device("cpu"), seed=cfg.seed, max_response_len=8)
     batch = fixed_batch()
     before = b.compute_log_probs(batch)
@@ -79,10 +79,10 @@ def resume_layout(cfg, hf, parallel, ckpt_dir: str) -> dict:
     """A fresh backend (random weights) that loads `ckpt_dir`, then one more train_rollout."""
     import dataclasses
 
-    from slime_hydra.training.megatron.backend import MegatronTrainBackend
+    from tests.trainers import megatron_backend
 
     par = dataclasses.replace(cfg.parallelism, **parallel)
-    b = MegatronTrainBackend(None, hf.config, cfg.model, par, cfg.algorithm, cfg.train, 1.0, 10,
+    b = megatron_backend(None, hf.config, cfg.model, par, cfg.algorithm, cfg.train, 1.0, 10,
                              torch.device("cpu"), seed=cfg.seed + 1, max_response_len=8)
     b.load_checkpoint(ckpt_dir)
     batch = fixed_batch()
@@ -96,11 +96,11 @@ def warm_start_then_still_step(cfg, hf, parallel) -> dict:
     """Log-probs before and after two SFT steps (lr 1e-3), and after one RL rollout at lr 0 that follows them."""
     import dataclasses
 
-    from slime_hydra.training.megatron.backend import MegatronTrainBackend
+    from tests.trainers import megatron_backend
 
     par = dataclasses.replace(cfg.parallelism, **parallel)
     still = dataclasses.replace(cfg.train, lr=0.0, min_lr=0.0)
-    b = MegatronTrainBackend(hf.state_dict(), hf.config, cfg.model, par, cfg.algorithm, still, 1.0, 10,
+    b = megatron_backend(hf.state_dict(), hf.config, cfg.model, par, cfg.algorithm, still, 1.0, 10,
                              torch.device("cpu"), seed=cfg.seed, max_response_len=8)
     batch = fixed_batch()
     before = b.compute_log_probs(batch)

@@ -31,38 +31,35 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from slime_hydra.algorithms import losses as L
-from slime_hydra.config.plugins import load_target
-from slime_hydra.config.schema import AlgorithmConfig, ModelConfig, ParallelismConfig, TrainConfig
+from slime_hydra.config.schema import MegatronConfig, ModelConfig, ParallelismConfig
 from slime_hydra.training.base import TrainBatch, shaping_kl
 from slime_hydra.training.megatron import convert
 from slime_hydra.training.megatron.logprobs import vocab_parallel_logprobs
 from slime_hydra.training.megatron.model import DTYPES, build_gpt, padded_vocab_size, transformer_config
 from slime_hydra.training.megatron.parallel import init_parallel
-from slime_hydra.training.microbatch import budgets, micro_batch_indices
+from slime_hydra.training.microbatch import micro_batch_indices
 from slime_hydra.training.optim import adam_flags
 from slime_hydra.training.policy_loss import old_log_probs, policy_loss
 from slime_hydra.training.schedule import lr_multiplier
+from slime_hydra.training.specs import BatchSpec, LossSpec, OptimSpec
 
 
 class MegatronTrainBackend:
-    def __init__(self, hf_weights, hf_config, model: ModelConfig, parallel: ParallelismConfig, algorithm: AlgorithmConfig,
-                 train: TrainConfig, temperature: float, total_steps: int, device: torch.device, seed: int = 1234,
-                 max_response_len: Optional[int] = None, sdpa: bool = True, distributed_timeout_s: float = 1800.0):
+    def __init__(self, hf_weights, hf_config, model: ModelConfig, parallel: ParallelismConfig, loss: LossSpec,
+                 optim: OptimSpec, batch: BatchSpec, megatron: MegatronConfig, temperature: float, device: torch.device,
+                 seed: int = 1234, sdpa: bool = True, distributed_timeout_s: float = 1800.0):
         """hf_weights: HF name -> tensor (a state dict or convert.SafetensorsDir); hf_config: its transformers config.
-        train.megatron holds this backend's own settings (compile_layers, grad_reduce_in_fp32, log_probs_chunk_size,
-        compile_log_probs); train.adam_impl picks torch's AdamW implementation under megatron's optimizer."""
+        model and parallel describe the GPT and its layout (read whole by model.py, convert.py and parallel.py);
+        megatron (train.megatron) holds this backend's own settings (compile_layers, grad_reduce_in_fp32,
+        log_probs_chunk_size, compile_log_probs); optim.adam_impl picks torch's AdamW under megatron's optimizer."""
         problems = convert.check_convertible(model)
         if problems:
             raise ValueError(problems[0])
         init_parallel(parallel, seed, "nccl" if device.type == "cuda" else "gloo", distributed_timeout_s)
-        self.mcfg, self.pcfg, self.algo, self.cfg = model, parallel, algorithm, train
-        self.hf_config, self.device, self.temperature, self.total_steps = hf_config, device, temperature, total_steps
-        self.max_response_len = max_response_len
-        # train.use_dynamic_batch_size: token budgets of the train pass and the forward-only passes (None: micro_batch_size)
-        self.max_tokens, self.log_probs_max_tokens = budgets(train.use_dynamic_batch_size, train.max_tokens_per_gpu,
-                                                             train.log_probs_max_tokens_per_gpu)
+        self.mcfg, self.pcfg, self.mg = model, parallel, megatron
+        self.loss, self.optim, self.batch = loss, optim, batch
+        self.hf_config, self.device, self.temperature = hf_config, device, temperature
         self.vocab = hf_config.vocab_size
-        self.custom_loss = load_target(algorithm.custom_loss)
         self.config = transformer_config(model, parallel)
         self.sdpa = sdpa
         gpt = self._new_gpt()
@@ -71,13 +68,13 @@ class MegatronTrainBackend:
         self.gpt = gpt
         self.config.finalize_model_grads_func = lambda chunks, num_tokens=None, **kw: finalize_model_grads(chunks, None, **kw)
         self.ddp = DistributedDataParallel(self.config, DistributedDataParallelConfig(
-            grad_reduce_in_fp32=train.megatron.grad_reduce_in_fp32, use_distributed_optimizer=parallel.use_distributed_optimizer),
+            grad_reduce_in_fp32=megatron.grad_reduce_in_fp32, use_distributed_optimizer=parallel.use_distributed_optimizer),
             module=gpt)
-        if train.megatron.compile_layers:
+        if megatron.compile_layers:
             for layer in gpt.decoder.layers:
                 layer.compile()
-        self.optimizer = self._optimizer(train.lr, train.weight_decay)
-        self.lr_at = lr_multiplier(train.lr_decay_style, train.lr_warmup_iters, total_steps, train.lr, train.min_lr)
+        self.optimizer = self._optimizer(optim.lr, optim.weight_decay)
+        self.lr_at = lr_multiplier(optim.lr_decay_style, optim.lr_warmup_iters, optim.total_steps, optim.lr, optim.min_lr)
         self.steps_done = 0
         self.ref: Optional[torch.nn.Module] = None
         self._sft_optimizer = None
@@ -107,7 +104,7 @@ class MegatronTrainBackend:
 
     def _optimizer(self, lr: float, weight_decay: float, betas: Optional[tuple[float, float]] = None, eps: Optional[float] = None):
         dtype = DTYPES[self.mcfg.dtype]
-        c = self.cfg
+        c = self.optim
         b1, b2 = betas or (c.adam_beta1, c.adam_beta2)
         oc = OptimizerConfig(optimizer="adam", lr=lr, min_lr=c.min_lr, weight_decay=weight_decay, adam_beta1=b1,
                              adam_beta2=b2, adam_eps=c.adam_eps if eps is None else eps, clip_grad=c.clip_grad if c.clip_grad > 0 else 0.0,
@@ -116,12 +113,12 @@ class MegatronTrainBackend:
         optimizer = get_megatron_optimizer(oc, [self.ddp])
         for opt in getattr(optimizer, "chained_optimizers", [optimizer]):  # read by torch's AdamW at each step
             for g in opt.optimizer.param_groups:
-                g.update(adam_flags(self.cfg.adam_impl))
+                g.update(adam_flags(c.adam_impl))
         return optimizer
 
     def freeze_reference(self) -> None:
         """Snapshot the current weights as the KL reference (after any warm start)."""
-        if self.algo.use_kl_loss or self.algo.kl_coef != 0:
+        if self.loss.keep_reference:
             self.ref = self._new_gpt().eval().requires_grad_(False)
             self.ref.load_state_dict(self.gpt.state_dict())
 
@@ -154,15 +151,16 @@ class MegatronTrainBackend:
     def _logp(self, mb: TrainBatch, logits: torch.Tensor, with_entropy: bool):
         T = mb.loss_mask.shape[1]
         targets = mb.input_ids[:, 1:].to(self.device)
-        mg = self.cfg.megatron
+        mg = self.mg
         return vocab_parallel_logprobs(logits[:, :T], targets, self.vocab, self.temperature, with_entropy,
                                        mg.log_probs_chunk_size, mg.compile_log_probs)  # [n, T] x2
 
     def _micro_batches(self, batch: TrainBatch, idx: torch.Tensor, forward_only: bool = False) -> list[TrainBatch]:
         """Rows `idx` by micro_batch_size or by the token budget (padded tokens: each micro-batch runs padded to its
         longest); `mb.idx` holds each micro-batch's rows of `batch`."""
-        groups = micro_batch_indices(idx, batch.attention_mask.sum(-1), self.cfg.micro_batch_size,
-                                     self.log_probs_max_tokens if forward_only else self.max_tokens, padded=True)
+        b = self.batch
+        groups = micro_batch_indices(idx, batch.attention_mask.sum(-1), b.micro_batch_size,
+                                     b.log_probs_max_tokens_per_gpu if forward_only else b.max_tokens_per_gpu, padded=True)
         mbs = [batch.select(rows) for rows in groups]
         for mb, rows in zip(mbs, groups):
             mb.idx = rows
@@ -195,14 +193,14 @@ class MegatronTrainBackend:
 
     @torch.no_grad()
     def reward_kl(self, batch: TrainBatch) -> torch.Tensor:
-        return shaping_kl(batch, self.algo, self.compute_log_probs, self.ref)
+        return shaping_kl(batch, self.loss, self.compute_log_probs, self.ref)
 
     # -- RL ----------------------------------------------------------------------------------
     def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
-        steps = self.cfg.num_steps_per_rollout
+        steps = self.batch.num_steps_per_rollout
         gbs = batch.num_samples // steps
         old_later = None
-        if steps > 1 and not self.algo.use_rollout_logprobs:
+        if steps > 1 and not self.loss.use_rollout_logprobs:
             later = self.compute_log_probs(batch.select(torch.arange(gbs, batch.num_samples)))
             old_later = torch.zeros_like(batch.loss_mask)
             old_later[gbs:, : later.shape[1]] = later
@@ -214,9 +212,9 @@ class MegatronTrainBackend:
         return dict(sums)
 
     def _train_step(self, batch: TrainBatch, idx: torch.Tensor, old_all: Optional[torch.Tensor]) -> dict[str, float]:
-        mode = self.algo.loss_aggregation
-        denom = L.step_denominator([batch.loss_mask[idx]], mode, self.max_response_len)
-        keep = idx[(batch.advantages[idx] != 0).any(-1)] if self.cfg.skip_zero_advantage_samples else idx
+        mode = self.loss.loss_aggregation
+        denom = L.step_denominator([batch.loss_mask[idx]], mode, self.loss.max_response_len)
+        keep = idx[(batch.advantages[idx] != 0).any(-1)] if self.batch.skip_zero_advantage_samples else idx
         metric_mode = L.metric_aggregation(mode)
         metric_denom = max(1.0, L.step_denominator([batch.loss_mask[keep]], metric_mode))
         mine = keep[ps.get_data_parallel_rank() :: ps.get_data_parallel_world_size()]  # this DP rank's share
@@ -230,9 +228,9 @@ class MegatronTrainBackend:
             for k, v in o.items():
                 m[f"train/{k}"] += float(v)
         m = self._sum_over_dp(m)
-        m["train/grad_norm"] = self._optimizer_step(self.optimizer, self.lr_at(self.steps_done) * self.cfg.lr)
+        m["train/grad_norm"] = self._optimizer_step(self.optimizer, self.lr_at(self.steps_done) * self.optim.lr)
         self.steps_done += 1
-        m["train/lr"] = self.lr_at(self.steps_done) * self.cfg.lr
+        m["train/lr"] = self.lr_at(self.steps_done) * self.optim.lr
         m["train/kept_samples"] = float(len(keep))
         return dict(m)
 
@@ -256,13 +254,12 @@ class MegatronTrainBackend:
 
     def _loss(self, mb: TrainBatch, logits: torch.Tensor, old_all, denom: float, metric_mode: str, metric_denom: float):
         """One micro-batch on the last stage: (loss, 1, metrics), the torch backend's policy_loss on vocab-parallel log-probs."""
-        a = self.algo
+        spec = self.loss
         mask, adv = mb.loss_mask.to(self.device), mb.advantages.to(self.device)
-        logp, ent = self._logp(mb, logits, with_entropy=bool(a.entropy_coef))  # [n, T]
+        logp, ent = self._logp(mb, logits, with_entropy=bool(spec.entropy_coef))  # [n, T]
         rollout_lp = mb.rollout_log_probs.to(self.device) if mb.rollout_log_probs is not None else None
-        old = old_log_probs(a, logp, rollout_lp, None if old_all is None else old_all[mb.idx])
-        loss, scalars, per_token = policy_loss(a, self.custom_loss, logp, ent, old, adv, mask, rollout_lp,
-                                               lambda: self._ref_logp(mb), denom)
+        old = old_log_probs(spec, logp, rollout_lp, None if old_all is None else old_all[mb.idx])
+        loss, scalars, per_token = policy_loss(spec, logp, ent, old, adv, mask, rollout_lp, lambda: self._ref_logp(mb), denom)
         metrics = {k: v.detach() for k, v in scalars.items()}
         metrics |= {k: L.aggregate(t.detach(), mask, metric_mode, metric_denom) for k, t in per_token.items()}
         return loss, torch.tensor(1, device=self.device), metrics
@@ -282,7 +279,7 @@ class MegatronTrainBackend:
     def sft_step(self, batch: TrainBatch, lr: float) -> float:
         if self._sft_optimizer is None:
             self._sft_optimizer = self._optimizer(lr, 0.0, betas=(0.9, 0.999), eps=1e-8)  # torch backend's SFT AdamW defaults
-        mode = L.metric_aggregation(self.algo.loss_aggregation)
+        mode = L.metric_aggregation(self.loss.loss_aggregation)
         denom = L.step_denominator([batch.loss_mask], mode)
 
         def loss_fn(mb, logits):
@@ -354,6 +351,6 @@ class MegatronTrainBackend:
         distributed optimizer the DP size; the optimizer kind must be the writer's: checkpoint.check_loadable)."""
         from slime_hydra.training.megatron import checkpoint
 
-        if self.ref is None and (self.algo.use_kl_loss or self.algo.kl_coef != 0):
+        if self.ref is None and self.loss.keep_reference:
             self.ref = self._new_gpt().eval().requires_grad_(False)
         self.steps_done = checkpoint.load(path, self.gpt, self.optimizer, self.ref)["steps_done"]

@@ -1,0 +1,114 @@
+"""algorithm (+ train) -> the typed specs the trainers, the critic and the advantage step receive.
+
+This is where an algorithm's names become objects, once: `advantage_estimator` picks the surrogate (its
+clip ε bound with functools.partial) and the advantage estimator (its parameters bound), `ppo` gives a
+CriticSpec, `custom_loss` / `custom_advantage` plug-ins replace the surrogate / the estimator. Below this
+floor nothing branches on an algorithm or estimator name. The config was validated before this runs.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Optional
+
+from slime_hydra.algorithms import advantages as A
+from slime_hydra.algorithms import losses as L
+from slime_hydra.algorithms import surrogates as S
+from slime_hydra.config.plugins import load_target
+from slime_hydra.config.schema import AlgorithmConfig, RunConfig, TrainConfig
+from slime_hydra.training.microbatch import budgets
+from slime_hydra.training.specs import (
+    AdvantageSpec,
+    AlgorithmSpecs,
+    BatchSpec,
+    CriticSpec,
+    LossSpec,
+    OptimSpec,
+    Surrogate,
+)
+
+CRITIC_ESTIMATORS = ("ppo",)
+
+
+def algorithm_specs(a: AlgorithmConfig, train: TrainConfig, total_steps: int,
+                    max_response_len: Optional[int] = None) -> AlgorithmSpecs:
+    """All specs of one run; total_steps = num_rollout × train.num_steps_per_rollout (the lr schedule's horizon),
+    max_response_len = rollout.rollout_max_response_len (seq_mean_token_sum_norm's normalizer)."""
+    return AlgorithmSpecs(loss_spec(a, max_response_len), optim_spec(train, total_steps), batch_spec(train),
+                          critic_spec(a, train, total_steps), advantage_spec(a))
+
+
+def run_specs(cfg: RunConfig) -> AlgorithmSpecs:
+    """The specs of a validated run (its batch identity resolved: train.num_steps_per_rollout is set)."""
+    return algorithm_specs(cfg.algorithm, cfg.train, cfg.num_rollout * cfg.train.num_steps_per_rollout,
+                           cfg.rollout.rollout_max_response_len)
+
+
+def surrogate(a: AlgorithmConfig) -> Surrogate:
+    """The policy surrogate with its clip range bound: algorithm.custom_loss, else the estimator's own
+    (gspo and cispo theirs; grpo, ppo and the reinforce++ variants PPO-clip)."""
+    custom = load_target(a.custom_loss)
+    if custom is not None:
+        return partial(S.plugin_surrogate, fn=custom)
+    if a.advantage_estimator == "gspo":
+        return partial(S.gspo_loss, eps_clip=a.eps_clip, eps_clip_high=a.eps_clip_high, eps_clip_c=a.eps_clip_c)
+    if a.advantage_estimator == "cispo":  # no dual clip
+        return partial(S.cispo_loss, eps_clip=a.eps_clip, eps_clip_high=a.eps_clip_high)
+    return partial(L.ppo_clip_loss, eps_clip=a.eps_clip, eps_clip_high=a.eps_clip_high, eps_clip_c=a.eps_clip_c)
+
+
+def loss_spec(a: AlgorithmConfig, max_response_len: Optional[int] = None) -> LossSpec:
+    return LossSpec(
+        surrogate=surrogate(a), loss_aggregation=a.loss_aggregation, max_response_len=max_response_len,
+        entropy_coef=a.entropy_coef, use_kl_loss=a.use_kl_loss, kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type,
+        use_unbiased_kl=a.use_unbiased_kl,
+        tis=partial(S.tis_weights, tis_clip_low=a.tis_clip_low, tis_clip=a.tis_clip) if a.use_tis else None,
+        use_rollout_logprobs=a.use_rollout_logprobs, keep_reference=a.use_kl_loss or a.kl_coef != 0,
+        ref_update_interval=a.ref_update_interval)
+
+
+def optim_spec(t: TrainConfig, total_steps: int) -> OptimSpec:
+    return OptimSpec(lr=t.lr, min_lr=t.min_lr, lr_decay_style=t.lr_decay_style, lr_warmup_iters=t.lr_warmup_iters,
+                     total_steps=total_steps, weight_decay=t.weight_decay, adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2,
+                     adam_eps=t.adam_eps, adam_impl=t.adam_impl, clip_grad=t.clip_grad)
+
+
+def batch_spec(t: TrainConfig) -> BatchSpec:
+    max_tokens, log_probs_max_tokens = budgets(t.use_dynamic_batch_size, t.max_tokens_per_gpu, t.log_probs_max_tokens_per_gpu)
+    return BatchSpec(num_steps_per_rollout=t.num_steps_per_rollout, micro_batch_size=t.micro_batch_size,
+                     skip_zero_advantage_samples=t.skip_zero_advantage_samples, prefix_sharing=t.prefix_sharing,
+                     max_tokens_per_gpu=max_tokens, log_probs_max_tokens_per_gpu=log_probs_max_tokens)
+
+
+def critic_spec(a: AlgorithmConfig, t: TrainConfig, total_steps: int) -> Optional[CriticSpec]:
+    """ppo's value model: train.critic_lr (None: train.lr), train.min_lr scaled by the same factor."""
+    if a.advantage_estimator not in CRITIC_ESTIMATORS:
+        return None
+    lr = t.critic_lr if t.critic_lr is not None else t.lr
+    min_lr = t.min_lr * lr / t.lr if t.lr > 0 else 0.0
+    optim = OptimSpec(lr=lr, min_lr=min_lr, lr_decay_style=t.lr_decay_style, lr_warmup_iters=t.lr_warmup_iters,
+                      total_steps=total_steps, weight_decay=t.weight_decay, adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2,
+                      adam_eps=t.adam_eps, adam_impl=t.adam_impl, clip_grad=t.clip_grad)
+    return CriticSpec(optim=optim, value_clip=a.value_clip, num_critic_only_steps=a.num_critic_only_steps)
+
+
+def advantage_spec(a: AlgorithmConfig) -> AdvantageSpec:
+    """The estimator with its parameters bound (whitened with normalize_advantages), or ppo's GAE over the critic."""
+    shaping_kl = a.kl_coef != 0
+    if a.advantage_estimator in CRITIC_ESTIMATORS:
+        gae = partial(A.ppo_advantages, kl_coef=a.kl_coef, gamma=a.gamma, lambd=a.lambd,
+                      normalize_advantages=a.normalize_advantages)
+        return AdvantageSpec(estimate=None, gae=gae, shaping_kl=shaping_kl)
+    custom = load_target(a.custom_advantage)
+    if custom is not None:
+        est = partial(A.plugin_estimator, fn=custom)
+    elif a.advantage_estimator == "reinforce_plus_plus":
+        est = partial(A.reinforce_plus_plus_estimator, kl_coef=a.kl_coef, gamma=a.gamma)
+    elif a.advantage_estimator == "reinforce_plus_plus_baseline":
+        est = partial(A.reinforce_plus_plus_baseline_estimator, kl_coef=a.kl_coef, subtract_mean=a.rewards_normalization)
+    else:  # grpo, gspo, cispo
+        est = partial(A.group_estimator, subtract_mean=a.rewards_normalization,
+                      std_normalize=a.rewards_normalization and a.grpo_std_normalization)
+    if a.normalize_advantages:
+        est = partial(A.whitened, estimator=est)
+    return AdvantageSpec(estimate=est, gae=None, shaping_kl=shaping_kl)
