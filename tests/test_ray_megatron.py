@@ -84,10 +84,32 @@ def test_ray_megatron_run_matches_single_process_and_resumes(ray_cluster, local,
     full = run(tmp_path, "full", args)
     assert_same_run(full, local[mode], f"{layout} {mode} vs single process")
     ck = tmp_path / "full" / "checkpoints" / "rollout_000000"
-    assert (ck / "megatron" / "metadata.json").is_file() and (ck / "model.safetensors").is_file()
+    hf = "model.safetensors.index.json" if layout == "pp2" else "model.safetensors"  # PP: one file per stage + index
+    assert (ck / "megatron" / "metadata.json").is_file() and (ck / hf).is_file()
     resumed = run(tmp_path, "resumed", args + [f"load={ck}"])
     assert [s for s, _ in resumed] == [1, 2]
     assert resumed[0][1] == full[0][1]  # restored history
     for k, v in full[1][1].items():  # rollout 2 after the resume: the uninterrupted run's
         if not k.startswith("perf/"):
             assert resumed[1][1][k] == pytest.approx(v, rel=1e-6, abs=1e-9), (layout, mode, k)
+
+
+def test_megatron_layout_must_divide_the_train_ranks_named_at_validation():
+    """TP × PP × CP must divide the Ray train ranks (the rest is DP); the single process is one rank. Both are refused
+    before anything starts, naming the keys; 2 ranks of TP=2 (DP=1) or PP=2 validate, and megatron is driven under Ray."""
+    from slime_hydra.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        compose_run(["train=megatron", "cluster.backend=ray", "cluster.actor_num_gpus_per_node=3",
+                     "parallelism.tensor_model_parallel_size=2", "rollout.rollout_batch_size=6"])
+    text = str(e.value)
+    assert ("parallelism.tensor_model_parallel_size × pipeline_model_parallel_size × context_parallel_size = 2 × 1 × 1 = 2 must "
+            "divide the train ranks (cluster.actor_num_nodes × cluster.actor_num_gpus_per_node = 1 × 3 = 3)") in text
+    assert "does not drive train.backend" not in text
+    with pytest.raises(ConfigError) as e:
+        compose_run(["train=megatron", "parallelism.pipeline_model_parallel_size=2"])
+    assert "= 1 × 2 × 1 = 2 must divide the train ranks (cluster.backend=local: 1)" in str(e.value)
+    assert "with cluster.backend=ray" in str(e.value)
+    for layout in LAYOUTS.values():
+        cfg = compose_run(COMMON + RAY + layout)
+        assert (cfg.train.backend, cfg.cluster.backend, cfg.cluster.rollout_num_gpus) == ("megatron", "ray", 1)
