@@ -74,7 +74,7 @@ def assert_same_run(got, want, what: str) -> None:
             assert g[k] == pytest.approx(v, rel=1e-4, abs=1e-6), (what, step, k)
 
 
-@pytest.mark.slow  # ~N s each on this 2-core VM: a 2-rollout run and a 1-rollout resume, 2 megatron ranks + 1 engine each
+@pytest.mark.slow  # 150-370 s each on this shared 2-core VM (2-rollout run + 1-rollout resume; + 150 s for the local runs)
 @pytest.mark.parametrize("layout,mode", [("tp2", "sync"), ("pp2", "sync"), ("dp2", "sync"), ("dp2", "async")])
 def test_ray_megatron_run_matches_single_process_and_resumes(ray_cluster, local, tmp_path, layout, mode):
     """2 rollouts of 2 megatron ranks (+ 1 local engine, colocated) give the single-process run's rollouts and train/*

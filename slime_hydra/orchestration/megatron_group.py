@@ -61,10 +61,11 @@ class MegatronRank:
     def call(self, name: str, *args: Any) -> Any:
         return getattr(self.trainer, name)(*args)
 
-    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """Collective; rank 0 returns the whole model, the others [] (nothing twice in the object store)."""
+    def named_weights(self) -> tuple[list[tuple[str, torch.Tensor]], bool]:
+        """Collective; (weights, done): rank 0's weights are the whole model, the others' [] (nothing twice in the object
+        store). Called with num_returns=2, so the driver waits on every rank's `done` without fetching the weights."""
         weights = self.trainer.named_weights_all_stages()
-        return weights if self.rank == 0 else []
+        return (weights if self.rank == 0 else []), True
 
     def shutdown(self) -> None:
         import torch.distributed as dist
@@ -116,9 +117,9 @@ class MegatronTrainGroup:
 
     def named_weights(self) -> WeightsRef:
         """Rank 0's gathered weights, left in the object store (the rollout manager passes the reference on)."""
-        refs = [r.named_weights.remote() for r in self.ranks]
-        self.calls.get(refs[1:], "gathering the weights", self.labels[1:])  # the other ranks' part of the gather
-        return WeightsRef(refs[0], self.calls)
+        refs = [r.named_weights.options(num_returns=2).remote() for r in self.ranks]
+        self.calls.get([done for _, done in refs], "gathering the weights", self.labels)  # a failed rank is named here
+        return WeightsRef(refs[0][0], self.calls)
 
     def save_hf(self, path: str, tokenizer) -> None:
         self._all("checkpoint (save_hf)", "save_hf", path, tokenizer)
