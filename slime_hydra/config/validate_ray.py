@@ -1,9 +1,9 @@
 """What `cluster.backend=ray` can drive today, checked at validation (before Ray, data or models start).
 
-The Ray driver (orchestration/driver.py) places torch train ranks and in-process `local` engines. Megatron
-ranks as Ray actors, SGLang engines owned by Ray actors and the critic's all-reduce over data-parallel ranks
-are issue 22's work; until they land a config asking for them is refused here, with every key to change,
-rather than after data loading at launch.
+The Ray driver (orchestration/driver.py) places torch or megatron train ranks and in-process `local` engines.
+SGLang engines owned by Ray actors and the critic's all-reduce over data-parallel ranks are issue 22's work;
+until they land a config asking for them is refused here, with every key to change, rather than after data
+loading at launch. (The megatron layout against the ranks is checked beside the backend: training/megatron/checks.py.)
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from slime_hydra.config.schema import AlgorithmConfig, ClusterConfig, RolloutCon
 
 # (config key, value Ray cannot drive yet, what to set instead)
 RAY_UNSUPPORTED = (
-    ("train.backend", "megatron", "train=torch, or cluster.backend=local (megatron in one process)"),
     ("rollout.backend", "sglang", "rollout=local, or cluster.backend=local (SGLang engines beside one process)"),
     ("algorithm.advantage_estimator", "ppo", "a critic-free algorithm (grpo, gspo, reinforce_plus_plus, ...), or cluster.backend=local"),
 )

@@ -27,13 +27,13 @@ from slime_hydra.errors import ConfigError
 from slime_hydra.models.build import build_tokenizer
 from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.tracking.base import build_tracker
+from slime_hydra.training.specs import AlgorithmSpecs
 
 
 def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) -> Components:
     from slime_hydra.orchestration import placement
     from slime_hydra.orchestration.calls import RayCalls
     from slime_hydra.orchestration.rollout_manager import RemoteRollout, RemoteSource, RolloutManager
-    from slime_hydra.orchestration.train_group import TrainGroup
 
     seed_everything(cfg.seed)
     tokenizer = build_tokenizer(cfg.model)
@@ -58,9 +58,7 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
         uri = cfg.logger.tracking_uri if cfg.logger.tracker == "mlflow" else None
         save_dir = cfg.save or str(Path(output_dir) / "checkpoints")  # as engine/session.py decides it
         calls = RayCalls(cfg.cluster.ray_call_timeout_s, lambda: resume_hint(save_dir))
-        trainer = TrainGroup(pg, layout, cfg.cluster.num_threads, uri, tracker.run_id if uri else None, calls,
-                             cfg.cluster.distributed_timeout_s)
-        trainer.setup(model_cfg, specs, cfg.rollout.rollout_temperature, cfg.seed)
+        trainer = build_train_group(cfg, specs, model_cfg, pg, layout, calls, uri, tracker.run_id if uri else None)
         manager = ray.remote(RolloutManager).options(num_cpus=0).remote(pg, layout, model_cfg, train_prompts, cfg.rollout, cfg.seed,
                                                                         cfg.cluster.num_threads, cfg.cluster.ray_call_timeout_s)
 
@@ -80,3 +78,20 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
     if state is not None:
         restore(comps, state)
     return comps
+
+
+def build_train_group(cfg: RunConfig, specs: AlgorithmSpecs, model_cfg, pg, layout, calls, tracking_uri: Optional[str],
+                      run_id: Optional[str]):
+    """The train ranks of `train.backend`, set up: torch data-parallel ranks (the driver splits each batch) or megatron
+    ranks (TP/PP/DP from `parallelism`; every rank takes the whole batch)."""
+    from slime_hydra.orchestration.megatron_group import MegatronTrainGroup
+    from slime_hydra.orchestration.train_group import TrainGroup
+
+    c, temperature = cfg.cluster, cfg.rollout.rollout_temperature
+    if cfg.train.backend == "megatron":
+        group = MegatronTrainGroup(pg, layout, c.num_threads, calls, c.distributed_timeout_s)
+        group.setup(model_cfg, cfg.parallelism, specs, cfg.train.megatron, temperature, cfg.seed)
+        return group
+    group = TrainGroup(pg, layout, c.num_threads, tracking_uri, run_id, calls, c.distributed_timeout_s)
+    group.setup(model_cfg, specs, temperature, cfg.seed)
+    return group

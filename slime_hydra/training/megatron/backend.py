@@ -227,7 +227,7 @@ class MegatronTrainBackend:
         for o in outs:
             for k, v in o.items():
                 m[f"train/{k}"] += float(v)
-        m = self._sum_over_dp(m)
+        m = self._from_last_stage(self._sum_over_dp(m))
         m["train/grad_norm"] = self._optimizer_step(self.optimizer, self.lr_at(self.steps_done) * self.optim.lr)
         self.steps_done += 1
         m["train/lr"] = self.lr_at(self.steps_done) * self.optim.lr
@@ -245,6 +245,15 @@ class MegatronTrainBackend:
             for k, v in part.items():
                 out[k] += v
         return out
+
+    def _from_last_stage(self, obj):
+        """The last pipeline stage's value of `obj` on every stage (losses exist only where the logits are), so any rank
+        can answer for the step."""
+        if ps.get_pipeline_model_parallel_world_size() == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group())
+        return box[0]
 
     def _optimizer_step(self, optimizer, lr: float) -> float:
         for g in optimizer.param_groups:
@@ -291,7 +300,7 @@ class MegatronTrainBackend:
         self._sft_optimizer.zero_grad()
         outs = self._run(self.ddp, self._micro_batches(batch, torch.arange(batch.num_samples)), loss_fn, forward_only=False)
         self._optimizer_step(self._sft_optimizer, lr)
-        return sum(float(o["loss"]) for o in outs)
+        return self._from_last_stage(sum(float(o["loss"]) for o in outs))
 
     def end_warm_start(self) -> None:
         """The warm start's optimizer moved the weights; the RL optimizer's fp32 main params (bf16 / fp16 models) are
@@ -314,6 +323,18 @@ class MegatronTrainBackend:
         local = {k: v.detach() for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")}
         yield from convert.megatron_to_hf(local, self.mcfg, gather=self._gather, tp_size=ps.get_tensor_model_parallel_world_size(),
                                           vocab_size=self.vocab, **self._layout)
+
+    def named_weights_all_stages(self) -> list[tuple[str, torch.Tensor]]:
+        """Collective: HF names and full CPU tensors of the whole model (every pipeline stage's, TP-gathered) on the first
+        stage's ranks; the other stages get []. What a rollout engine loads when PP > 1."""
+        mine = [(k, v.cpu()) for k, v in self.named_weights()]  # every TP rank joins the gather
+        pp = ps.get_pipeline_model_parallel_world_size()
+        if pp == 1:
+            return mine
+        parts = [None] * pp if ps.is_pipeline_first_stage() else None
+        dist.gather_object(mine, parts, dst=ps.get_pipeline_model_parallel_first_rank(),
+                           group=ps.get_pipeline_model_parallel_group())
+        return [kv for part in parts for kv in part] if parts is not None else []
 
     def save_hf(self, path: str, tokenizer=None) -> None:
         """config.json + safetensors (one file per pipeline stage, with an index when PP>1) + tokenizer."""

@@ -43,6 +43,7 @@ def check_megatron(cfg: RunConfig, problems: list[str]) -> None:
             problems.append(f"parallelism.{key}={v} must be >= 1")
     if min(tp, pp, cp, ep) < 1:
         return
+    check_layout_fits_ranks(cfg, problems)
     if m.num_attention_heads % tp:
         problems.append(f"parallelism.tensor_model_parallel_size={tp} must divide model.num_attention_heads={m.num_attention_heads}")
     if not m.multi_latent_attention and m.num_query_groups % tp:
@@ -94,6 +95,22 @@ def optimizer_kind_mismatch(saved: dict, use_distributed_optimizer: bool, where:
     return (f"parallelism.use_distributed_optimizer={str(use_distributed_optimizer).lower()}, but {where} was written with "
             f"parallelism.use_distributed_optimizer={want} (data-parallel size {saved['data_parallel_size']}{dp_now}): its "
             f"optimizer state cannot load into the other optimizer; set parallelism.use_distributed_optimizer={want} to resume it")
+
+
+def check_layout_fits_ranks(cfg: RunConfig, problems: list[str]) -> None:
+    """megatron splits the train ranks into TP × PP × CP model-parallel blocks; what is left over is data parallel."""
+    p, c = cfg.parallelism, cfg.cluster
+    block = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size
+    if c.backend == "ray":
+        ranks = c.actor_num_nodes * c.actor_num_gpus_per_node
+        where = f"cluster.actor_num_nodes × cluster.actor_num_gpus_per_node = {c.actor_num_nodes} × {c.actor_num_gpus_per_node} = {ranks}"
+    else:
+        ranks, where = 1, "cluster.backend=local: 1"
+    if ranks >= 1 and ranks % block:
+        problems.append(f"parallelism.tensor_model_parallel_size × pipeline_model_parallel_size × context_parallel_size = "
+                        f"{p.tensor_model_parallel_size} × {p.pipeline_model_parallel_size} × {p.context_parallel_size} = {block} "
+                        f"must divide the train ranks ({where}); set cluster.actor_num_gpus_per_node to a multiple of {block}"
+                        + (" with cluster.backend=ray" if c.backend != "ray" else "") + " or lower the parallel sizes")
 
 
 def check_resume(cfg: RunConfig, problems: list[str]) -> None:
