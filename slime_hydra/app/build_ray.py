@@ -6,7 +6,8 @@ the placement group, the train group and the rollout manager. The result is the 
 the in-process build returns, so `engine/loop.py` runs unchanged on either. A custom generate hook
 (multi-turn agents) runs in the driver, over the manager's engines, exactly as it runs over an
 in-process engine. Every wait on an actor has the deadline `cluster.ray_call_timeout_s` and names its step,
-the key and the checkpoint to resume from (orchestration/calls.py).
+the key and the checkpoint to resume from (orchestration/calls.py). What it shares with the local
+builder (data, tokenizer, resume, the Components' assembly) is app/inputs.py.
 """
 
 from __future__ import annotations
@@ -14,21 +15,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from slime_hydra.agent.hook import check_sample_overrides, wrap_rollout
-from slime_hydra.config.plugins import load_target
+from slime_hydra.app.inputs import assemble, make_tracker, prepare
 from slime_hydra.config.schema import RunConfig
-from slime_hydra.data.buffer import DataBuffer
-from slime_hydra.engine import checkpoint as ckpt
-from slime_hydra.engine.build import Components, build_eval_sets, load_data, restore, seed_everything
 from slime_hydra.engine.checkpoint import resume_hint
-from slime_hydra.engine.steps import rollout_sampling
-from slime_hydra.errors import ConfigError, UserError
-from slime_hydra.models.build import build_tokenizer
-from slime_hydra.rewards.compute import RewardScorer
-from slime_hydra.tracking.base import build_tracker
+from slime_hydra.engine.components import Components
+from slime_hydra.engine.state import restore
+from slime_hydra.errors import UserError
 
 
 def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) -> Components:
+    # orchestration imports ray (~2 s, and a cluster's worth of threads): only for cluster.backend=ray
     from slime_hydra.orchestration import placement
     from slime_hydra.orchestration.calls import RayCalls
     from slime_hydra.orchestration.rollout_manager import RemoteRollout, RemoteSource, RolloutManager
@@ -40,16 +36,7 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
     if cfg.algorithm.advantage_estimator == "ppo":
         raise UserError("algorithm.advantage_estimator=ppo: the critic's gradients are not all-reduced over data-parallel ranks "
                         "yet; set cluster.backend=local")
-    seed_everything(cfg.seed)
-    tokenizer = build_tokenizer(cfg.model)
-    sampling = rollout_sampling(cfg.rollout, (tokenizer.eos_token_id,))
-    train_prompts, eval_sets = load_data(cfg, tokenizer), build_eval_sets(cfg, tokenizer, sampling)
-    metadatas = [p.metadata for p in train_prompts] + [p.metadata for es in eval_sets.values() for p in es.prompts]
-    if problems := check_sample_overrides(metadatas, "data"):  # per-sample generate hooks, before the cluster
-        raise ConfigError(problems)
-    resume = ckpt.resolve_checkpoint(cfg.load) if cfg.load else None
-    model_cfg = cfg.model if resume is None else type(cfg.model)(**{**cfg.model.__dict__, "hf_checkpoint": str(resume)})
-    state = ckpt.load_state(resume) if resume else None
+    inputs = prepare(cfg)  # data, hooks and the checkpoint to resume, before the cluster
 
     import ray
 
@@ -57,31 +44,26 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
     pg = None
     try:
         pg, layout = placement.create_placement_group(cfg.cluster, where)
-        tracker = build_tracker(cfg.logger, cfg.experiment_name, output_dir, resume_run_id=(state or {}).get("tracker_run_id"),
-                                parent_run_id=parent_run_id)
+        tracker = make_tracker(cfg, inputs, output_dir, parent_run_id)
         uri = cfg.logger.tracking_uri if cfg.logger.tracker == "mlflow" else None
-        save_dir = cfg.save or str(Path(output_dir) / "checkpoints")  # as engine/session.py decides it
+        save_dir = cfg.save or str(Path(output_dir) / "checkpoints")  # as app/session.py decides it
         calls = RayCalls(cfg.cluster.ray_call_timeout_s, lambda: resume_hint(save_dir))
         trainer = TrainGroup(pg, layout, cfg.cluster.num_threads, uri, tracker.run_id if uri else None, calls,
                              cfg.cluster.distributed_timeout_s)
-        trainer.setup(model_cfg, cfg.algorithm, cfg.train, cfg.rollout.rollout_temperature,
+        trainer.setup(inputs.model, cfg.algorithm, cfg.train, cfg.rollout.rollout_temperature,
                       cfg.num_rollout * cfg.train.num_steps_per_rollout, cfg.rollout.rollout_max_response_len, cfg.seed)
-        manager = ray.remote(RolloutManager).options(num_cpus=0).remote(pg, layout, model_cfg, train_prompts, cfg.rollout, cfg.seed,
+        manager = ray.remote(RolloutManager).options(num_cpus=0).remote(pg, layout, inputs.model, inputs.train_prompts, cfg.rollout, cfg.seed,
                                                                         cfg.cluster.num_threads, cfg.cluster.ray_call_timeout_s)
 
         def teardown() -> None:
             trainer.shutdown()
             placement.shutdown(pg, started)
 
-        rollout = wrap_rollout(RemoteRollout(manager, calls, on_shutdown=teardown), tokenizer, cfg.rollout.custom_generate,
-                               cfg.rollout.max_turns, metadatas)
-        source = RemoteSource(manager, calls)
-        comps = Components(tokenizer, train_prompts, eval_sets, source, trainer, rollout, RewardScorer(cfg.reward),
-                           tracker, sampling, output_dir=output_dir, resumed_from=resume,
-                           buffer=DataBuffer(source, load_target(cfg.rollout.buffer_filter)))
+        rollout = RemoteRollout(manager, calls, on_shutdown=teardown)
+        comps = assemble(cfg, inputs, RemoteSource(manager, calls), trainer, rollout, tracker, output_dir)
     except BaseException:
         placement.shutdown(pg, started)
         raise
-    if state is not None:
-        restore(comps, state)
+    if inputs.state is not None:
+        restore(comps, inputs.state)
     return comps
