@@ -46,7 +46,7 @@ def _set_env_defaults() -> None:
 
 QUICK_START = """\
 Quick start:
-  slime-hydra                                   the embedded default: a tiny Qwen3 learns addition on CPU (~1 min)
+  slime-hydra                                   the embedded default: a tiny Qwen3 learns addition on CPU
   slime-hydra num_rollout=3 algorithm=dapo      pick group options, override any key of the schema
   slime-hydra -m algorithm=grpo,gspo seed=1,2   a sweep: every job is checked before the first starts"""
 

@@ -147,8 +147,8 @@ def test_engine_resume_through_megatron_checkpoints_is_exact(single, tmp_path, d
     from safetensors.torch import load_file
 
     from slime_hydra.app.preflight import compose_run
-    from slime_hydra.engine.checkpoint import load_state
     from slime_hydra.app.session import run_session
+    from slime_hydra.engine.checkpoint import load_state
     from tests.conftest import FAST
 
     def run(name, extra):
