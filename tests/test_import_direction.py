@@ -54,7 +54,7 @@ def _resolve(name: str, known: dict[str, Path]) -> str | None:
 def imports(module: str, path: Path, known: dict[str, Path]) -> list[tuple[str, int]]:
     """(imported package module, line) for every import in the file, wherever it stands."""
     is_pkg = path.name == "__init__.py"
-    out = []
+    out: dict[tuple[str, int], None] = {}  # ordered, one entry per (module, line)
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         targets: list[str] = []
         if isinstance(node, ast.Import):
@@ -71,8 +71,8 @@ def imports(module: str, path: Path, known: dict[str, Path]) -> list[tuple[str, 
             if t == PACKAGE or t.startswith(PACKAGE + "."):
                 resolved = _resolve(t, known)
                 if resolved and resolved != module:
-                    out.append((resolved, node.lineno))
-    return out
+                    out[(resolved, node.lineno)] = None
+    return list(out)
 
 
 def floor_of(module: str) -> str:
