@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 import sys
 
+from slime_hydra.app import hf_check
+from slime_hydra.app.preflight import preflight
+from slime_hydra.config.preflight import Composer
 from slime_hydra.config.store import CONF_DIR, register
 from slime_hydra.errors import RunError, UserError
 
@@ -62,8 +65,6 @@ naming the key and the fix (exit code 2)."""
 
 def help_text(config_name: str = "config") -> str:
     """The front door: what this is, a quick start, and the groups a user picks from (their default marked)."""
-    from slime_hydra.config.preflight import Composer
-
     with Composer(config_name) as composer:
         picked = composer.choices()
         groups = {g: composer.group_options(g) for g in sorted(composer.groups())}
@@ -95,16 +96,12 @@ def main() -> None:
     _set_env_defaults()
     argv = sys.argv[1:]
     if argv[:1] == ["check-hf"]:
-        from slime_hydra.app.hf_check import main as check_hf  # the checks' imports: only for this subcommand
-
-        sys.exit(check_hf(argv[1:]))
+        sys.exit(hf_check.main(argv[1:]))
     if "--help" in argv or "-h" in argv:
         print(help_text(split_argv(argv)[2]))
         return
     register()
     if not _NO_PREFLIGHT.intersection(argv):
-        from slime_hydra.app.preflight import preflight  # the components' checks: not for --version and the like
-
         overrides, multirun, config_name = split_argv(argv)
         try:
             preflight(overrides, multirun=multirun, config_name=config_name)

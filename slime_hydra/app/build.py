@@ -19,9 +19,11 @@ from slime_hydra.engine.components import Components
 from slime_hydra.engine.state import restore
 from slime_hydra.models.build import build_model
 from slime_hydra.rollout.base import RolloutBackend
+from slime_hydra.rollout.local import LocalRollout
 from slime_hydra.rollout.sglang.checks import num_engines
 from slime_hydra.runtime import pick_device
 from slime_hydra.training.base import TrainBackend
+from slime_hydra.training.torch_backend import TorchTrainBackend
 
 
 def build_trainer(cfg: RunConfig, model: torch.nn.Module, device: torch.device) -> TrainBackend:
@@ -33,23 +35,19 @@ def build_trainer(cfg: RunConfig, model: torch.nn.Module, device: torch.device) 
                                     cfg.rollout.rollout_temperature, total_steps, device, seed=cfg.seed,
                                     max_response_len=cfg.rollout.rollout_max_response_len,
                                     distributed_timeout_s=cfg.cluster.distributed_timeout_s)
-    from slime_hydra.training.torch_backend import TorchTrainBackend
-
     return TorchTrainBackend(model, cfg.algorithm, cfg.train, cfg.rollout.rollout_temperature, total_steps, device,
                              max_response_len=cfg.rollout.rollout_max_response_len, model_impl=cfg.model.model_impl)
 
 
 def build_rollout(cfg: RunConfig, model: torch.nn.Module, tokenizer, output_dir: str = ".") -> RolloutBackend:
     if cfg.rollout.backend == "sglang":
-        from slime_hydra.rollout.sglang.backend import SGLangRollout  # sglang's client stack: sglang runs only
+        from slime_hydra.rollout.sglang.backend import SGLangRollout  # its client and weight-sync stack: sglang runs only
 
         c = cfg.cluster
         offload = c.offload_rollout if c.offload_rollout is not None else c.colocate
         return SGLangRollout(cfg.rollout, model, tokenizer, num_engines=num_engines(c), tp_size=c.rollout_num_gpus_per_engine,
                              seed=cfg.seed, dtype=cfg.model.dtype, output_dir=output_dir, colocate=c.colocate,
                              offload=offload, device=pick_device(c.device).type)
-    from slime_hydra.rollout.local import LocalRollout
-
     return LocalRollout(model, tokenizer, seed=cfg.seed, generation_batch_size=cfg.rollout.generation_batch_size,
                         model_impl=cfg.model.model_impl)
 
