@@ -27,7 +27,7 @@ OPTIONS = sorted(p.stem for p in (CONF_DIR / "algorithm").glob("*.yaml"))
 
 
 def train_option(option: str, ckpt: str, steps: int, out: Path) -> dict:
-    from slime_hydra.engine.build import build
+    from slime_hydra.app.build import build
     from slime_hydra.engine.loop import run
 
     cfg = compose([f"algorithm={option}", f"model.hf_checkpoint={ckpt}", "warmstart=none", f"num_rollout={steps}",

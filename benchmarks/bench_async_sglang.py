@@ -1,7 +1,7 @@
 """(GPU) train_mode=sync vs train_mode=async with the SGLang rollout on one GPU (issue 8's H200 comparison).
 
 What runs: the real engine loops (`engine/loop.py`, `engine/async_loop.py`) over components from
-`engine/build.py`, in one process. The SGLang engine (server + sglang-router, colocated with the torch
+`app/build.py`, in one process. The SGLang engine (server + sglang-router, colocated with the torch
 trainer on the GPU, engine memory kept) starts once and serves every mode in `--order`: a start-up of
 ~1-2 minutes is paid once, not per mode. Each mode starts from the same state: the initial weights
 (restored from a copy taken right after the build), a new optimizer (a new trainer), a new prompt source
@@ -128,11 +128,13 @@ def fresh_components(cfg, c, init_state: dict, out: Path):
     import torch  # noqa: F401 - imported here so the import time counts
 
     from slime_hydra.app.algorithm import run_specs
+    from slime_hydra.app.build import build_trainer
     from slime_hydra.config.plugins import load_target
     from slime_hydra.data.buffer import DataBuffer
     from slime_hydra.data.source import PromptSource
-    from slime_hydra.engine.build import Components, build_trainer, pick_device, seed_everything
+    from slime_hydra.engine.components import Components
     from slime_hydra.rewards.compute import RewardScorer
+    from slime_hydra.runtime import pick_device, seed_everything
     from slime_hydra.tracking.base import NullTracker
 
     model = c.trainer.model
@@ -208,8 +210,9 @@ def main(argv: list[str] | None = None) -> dict:
     t = time.perf_counter()
     import torch  # noqa: F401 - imported here so the import time counts
 
-    import slime_hydra.engine.build as B
-    from slime_hydra.config.preflight import compose_run
+    import slime_hydra.app.build as B
+    import slime_hydra.app.inputs as I
+    from slime_hydra.app.preflight import compose_run
     from slime_hydra.engine import async_loop, loop  # noqa: F401 - imported here so the import time counts
 
     res["startup"]["imports_s"] = time.perf_counter() - t
@@ -221,7 +224,9 @@ def main(argv: list[str] | None = None) -> dict:
     log(f"composed {list(cfgs)}; " + " ".join(res["overrides"][modes[0]]))
 
     timer = Timer()
-    for name in ("build_tokenizer", "load_data", "build_eval_sets", "build_model", "build_trainer", "build_tracker", "build_rollout"):
+    for name in ("build_tokenizer", "load_data", "build_eval_sets", "build_tracker"):  # app/inputs.py: both builders' share
+        timer.wrap(I, name)
+    for name in ("build_model", "build_trainer", "build_rollout"):
         timer.wrap(B, name)
     run_dir = out / "run"
     shutil.rmtree(run_dir, ignore_errors=True)

@@ -51,7 +51,7 @@ TRL_LOSS_TYPES = {"sample_token_mean": "grpo", "token_mean": "dapo", "seq_mean_t
 
 def compose(extra: list[str], seed: int | None = None):
     """The bench's composed config; `seed` overrides the experiment's."""
-    from slime_hydra.config.preflight import compose_run
+    from slime_hydra.app.preflight import compose_run
 
     return compose_run(BASE_OVERRIDES + ([] if seed is None else [f"seed={seed}"]) + extra)
 
@@ -60,7 +60,7 @@ def warm_started_checkpoint(path: Path, seed: int | None = None, target: float |
     """The default experiment's SFT warm start (slime_hydra's `prepare`), saved as an HF checkpoint; with `target`,
     it stops at the first check that reaches that greedy training accuracy (warmstart.target_train_accuracy, at
     most 1000 steps, no floor: the protocol the quoted bench figures were measured with)."""
-    from slime_hydra.engine.build import build
+    from slime_hydra.app.build import build
     from slime_hydra.engine.loop import prepare
 
     landing = [] if target is None else ["warmstart.steps=1000", f"warmstart.target_train_accuracy={target}",
@@ -75,7 +75,7 @@ def warm_started_checkpoint(path: Path, seed: int | None = None, target: float |
 
 def heldout_accuracy(model: torch.nn.Module, ckpt: str) -> float:
     """Greedy held-out accuracy through slime_hydra's own eval path (identical for every model)."""
-    from slime_hydra.engine.build import build_eval_sets
+    from slime_hydra.app.inputs import build_eval_sets
     from slime_hydra.engine.steps import evaluate, rollout_sampling
     from slime_hydra.models.build import build_tokenizer
     from slime_hydra.rollout.local import LocalRollout
@@ -99,7 +99,7 @@ def load_checkpoint(ckpt: str, seed: int | None = None):
 def run_slime_hydra(ckpt: str, steps: int, out_dir: Path, seed: int | None = None, between=None) -> dict:
     """build + run (not run_session: its summary drops the per-step values a median needs). With `between`, the
     steps run in two halves around it (the engine continues from `start_rollout`, as after a resume)."""
-    from slime_hydra.engine.build import build
+    from slime_hydra.app.build import build
     from slime_hydra.engine.loop import run
 
     cfg = compose([f"model.hf_checkpoint={ckpt}", "warmstart.steps=0", f"num_rollout={steps}", "eval=none"], seed)
@@ -170,7 +170,7 @@ def run_trl(ckpt: str, steps: int, out_dir: Path, seed: int | None = None) -> di
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOTrainer
 
-    from slime_hydra.engine.build import load_data
+    from slime_hydra.app.inputs import load_data
     from slime_hydra.rewards.verifiers import math_reward
 
     model, tok, cfg = load_checkpoint(ckpt, seed)

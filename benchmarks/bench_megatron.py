@@ -95,7 +95,7 @@ def measure(trainer, b, warmup: int, iters: int) -> tuple[list[float], dict]:
 
 
 def compose(backend: str, option: str, seq: int, mbs: int, gbs: int, overrides) -> object:
-    from slime_hydra.config.preflight import compose_run
+    from slime_hydra.app.preflight import compose_run
 
     return compose_run([f"model={option}", f"train={backend}", "train.lr=1e-6", "rollout.rollout_batch_size=1",
                         f"rollout.n_samples_per_prompt={gbs}", f"train.micro_batch_size={mbs}",

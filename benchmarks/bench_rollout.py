@@ -21,10 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from slime_hydra.config.preflight import compose_run
+from slime_hydra.app.build import build_rollout
+from slime_hydra.app.preflight import compose_run
 from slime_hydra.data.dataset import load_prompts
 from slime_hydra.data.source import prompt_group
-from slime_hydra.engine.build import build_rollout
 from slime_hydra.models.build import build_model, build_tokenizer
 from slime_hydra.types import SamplingParams
 

@@ -95,8 +95,8 @@ def backend_generate(rollout, prompts: list[list[int]], sp, request_batch: int) 
 def throughput(args, out: Path) -> dict:
     import torch
 
-    from slime_hydra.config.preflight import compose_run
-    from slime_hydra.engine.build import build_rollout
+    from slime_hydra.app.build import build_rollout
+    from slime_hydra.app.preflight import compose_run
     from slime_hydra.models.build import build_model, build_tokenizer
     from slime_hydra.rollout.sglang import weights as W
     from slime_hydra.types import SamplingParams

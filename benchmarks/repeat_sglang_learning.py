@@ -20,9 +20,9 @@ ONE = r"""
 import json, sys, time
 sys.path.insert(0, "tests")
 from test_sglang import EXPERIMENT, RUN, NUM_ROLLOUT, FIXTURE, rewards_of, eval_of, fitted_rise
-from slime_hydra.config.preflight import compose_run
+from slime_hydra.app.build import build
+from slime_hydra.app.preflight import compose_run
 from slime_hydra.engine import loop
-from slime_hydra.engine.build import build
 out = sys.argv[1]
 cfg = compose_run([EXPERIMENT, *RUN, f"num_rollout={NUM_ROLLOUT}", *FIXTURE, *sys.argv[2:]])
 t0 = time.time()

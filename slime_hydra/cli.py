@@ -1,6 +1,8 @@
 """`slime-hydra` / `python -m slime_hydra`: preflight (compose + validate all jobs), then the Hydra app.
 
-Bad input exits with code 2 and one clear message, never a traceback.
+The front door only: it reads the command line, prints the program's own --help, hands `check-hf`
+to app/hf_check.py and the run to the composition floor (app/). Bad input exits with code 2 and one
+clear message, never a traceback.
 """
 
 from __future__ import annotations
@@ -8,6 +10,10 @@ from __future__ import annotations
 import os
 import sys
 
+from slime_hydra.app import hf_check
+from slime_hydra.app.preflight import preflight
+from slime_hydra.config.preflight import Composer
+from slime_hydra.config.store import CONF_DIR, register
 from slime_hydra.errors import RunError, UserError
 
 # flags of Hydra's own CLI that take a value
@@ -41,46 +47,61 @@ def _set_env_defaults() -> None:
         os.environ.setdefault(key, value)
 
 
-def task(cfg) -> float | None:
-    """The Hydra task: typed config -> validated -> run. Returns the final eval accuracy (for sweepers)."""
-    from hydra.core.hydra_config import HydraConfig
+QUICK_START = """\
+Quick start:
+  slime-hydra                                   the embedded default: a tiny Qwen3 learns addition on CPU
+  slime-hydra num_rollout=3 algorithm=dapo      pick group options, override any key of the schema
+  slime-hydra -m algorithm=grpo,gspo seed=1,2   a sweep: every job is checked before the first starts"""
 
-    from slime_hydra.config.preflight import validate_composed
-    from slime_hydra.errors import ConfigError
+MORE = """\
+More:
+  slime-hydra experiment=grpo/<name>            a named, versioned experiment (experiments/, listed above)
+  slime-hydra --cfg job [overrides]             print the composed config and stop
+  slime-hydra check-hf DIR [model=<option>]     does a model option match a Hugging Face config.json?
+  slime-hydra --hydra-help                      Hydra's own flags (launchers, sweepers, output directories)
+Every default lives in slime_hydra/config/schema.py; a bad key or value stops before anything starts,
+naming the key and the fix (exit code 2)."""
+
+
+def help_text(config_name: str = "config") -> str:
+    """The front door: what this is, a quick start, and the groups a user picks from (their default marked)."""
+    with Composer(config_name) as composer:
+        picked = composer.choices()
+        groups = {g: composer.group_options(g) for g in sorted(composer.groups())}
+    lines = ["slime-hydra: declarative RL post-training for LLMs (GRPO, PPO, DAPO, ...), composed with Hydra.",
+             "usage: slime-hydra [group=option ...] [key=value ...] [-m]", "", QUICK_START, "",
+             "Config groups (group=option; * the default):"]
+    for group, options in groups.items():
+        marked = [f"{o}*" if o == picked.get(group) else o for o in options]
+        if group == "experiment":  # long names: one a line
+            lines.append(f"  {group}:")
+            lines += [f"    {o}" for o in marked]
+        else:
+            lines.append(f"  {group}: {', '.join(marked)}")
+    return "\n".join(lines + ["", MORE])
+
+
+def task(cfg) -> float | None:
+    """The Hydra task (app/session.py), with bad input or a named failure printed and the exit code set."""
+    from slime_hydra.app.session import task as run_task  # torch, mlflow, the engine: once the config is valid
 
     try:
-        typed, problems, notes = validate_composed(cfg)
-        if problems:
-            raise ConfigError(problems)
-        from hydra.types import RunMode
-
-        from slime_hydra.orchestration.sweep import absolute_tracking_uri, parent_run_id
-
-        hc = HydraConfig.get()
-        output_dir = typed.output_dir or hc.runtime.output_dir
-        typed.logger.tracking_uri = absolute_tracking_uri(typed.logger.tracking_uri, hc.runtime.cwd)
-        parent = parent_run_id(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
-        for note in notes:
-            print(note, flush=True)
-        from slime_hydra.engine.session import run_session
-
-        summary = run_session(typed, output_dir, list(hc.overrides.task), parent)
+        return run_task(cfg)
     except (UserError, RunError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)
-    accs = [v["last"] for k, v in summary.items() if k.startswith("eval/") and k.endswith("/accuracy")]
-    return sum(accs) / len(accs) if accs else summary.get("rollout/reward_mean", {}).get("last")
 
 
 def main() -> None:
     _set_env_defaults()
-    from slime_hydra.config.store import register
-
-    register()
     argv = sys.argv[1:]
+    if argv[:1] == ["check-hf"]:
+        sys.exit(hf_check.main(argv[1:]))
+    if "--help" in argv or "-h" in argv:
+        print(help_text(split_argv(argv)[2]))
+        return
+    register()
     if not _NO_PREFLIGHT.intersection(argv):
-        from slime_hydra.config.preflight import preflight
-
         overrides, multirun, config_name = split_argv(argv)
         try:
             preflight(overrides, multirun=multirun, config_name=config_name)
@@ -88,8 +109,6 @@ def main() -> None:
             print(f"error: {e}", file=sys.stderr, flush=True)
             sys.exit(e.exit_code)
     import hydra
-
-    from slime_hydra.config.store import CONF_DIR
 
     hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(task)()
 

@@ -295,7 +295,7 @@ def test_hook_validation_names_the_key():
 
 
 def test_config_errors_for_the_hook_at_validation_time():
-    from slime_hydra.config.preflight import compose_run
+    from slime_hydra.app.preflight import compose_run
     from slime_hydra.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:

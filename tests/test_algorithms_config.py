@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from slime_hydra.config.preflight import Composer, check_overrides, compose_run, preflight, validate_composed
-from slime_hydra.config.validate import check
+from slime_hydra.app.checks import check
+from slime_hydra.app.preflight import compose_run, preflight, validate_composed
+from slime_hydra.config.preflight import Composer, check_overrides
 from slime_hydra.errors import ConfigError
 
 

@@ -24,7 +24,7 @@ from slime_hydra.algorithms.advantages import compute_advantages, ppo_advantages
 from slime_hydra.app.algorithm import algorithm_specs, run_specs
 from slime_hydra.config.schema import AlgorithmConfig
 from slime_hydra.config.plugins import load_target
-from slime_hydra.config.preflight import compose_run
+from slime_hydra.app.preflight import compose_run
 from slime_hydra.engine.steps import advantages
 from slime_hydra.training.batch import collate
 from slime_hydra.training.policy_loss import old_log_probs, policy_loss
@@ -257,8 +257,10 @@ def test_only_ppo_gets_a_critic():
 
 def test_no_algorithm_name_or_group_below_the_composition_floor():
     """The trainers, the critic and the advantage step take specs: no AlgorithmConfig / TrainConfig import and
-    no comparison with an estimator's name in training/ or engine/steps.py."""
-    files = [*sorted((ROOT / "slime_hydra" / "training").rglob("*.py")), ROOT / "slime_hydra" / "engine" / "steps.py"]
+    no comparison with an estimator's name in training/ or engine/steps.py. (A component's checks.py is validation:
+    app/checks.py hands it the config groups it reads, so it is not held to this.)"""
+    files = [*sorted(p for p in (ROOT / "slime_hydra" / "training").rglob("*.py") if p.name != "checks.py"),
+             ROOT / "slime_hydra" / "engine" / "steps.py"]
     for f in files:
         text = f.read_text()
         assert not re.search(r"import[^\n]*\b(AlgorithmConfig|TrainConfig)\b", text), f

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from slime_hydra.config.preflight import compose_run
+from slime_hydra.app.preflight import compose_run
 from slime_hydra.errors import ConfigError
 from tests.conftest import FAST
 

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from slime_hydra.config.preflight import compose_run
+from slime_hydra.app.preflight import compose_run
 from slime_hydra.config.schema import RewardConfig
 from slime_hydra.data.buffer import DataBuffer, check_reward_nonzero_std, fifo_buffer_filter
 from slime_hydra.data.dataset import load_prompts

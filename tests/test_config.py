@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slime_hydra.config.preflight import compose_run, expand_sweeps, preflight
+from slime_hydra.app.preflight import compose_run, preflight
+from slime_hydra.config.preflight import expand_sweeps
 from slime_hydra.config.schema import GROUP_SCHEMAS, RunConfig
 from slime_hydra.errors import ConfigError
 from tests.conftest import ROOT, run_cli

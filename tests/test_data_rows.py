@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from slime_hydra.config.preflight import compose_run
+from slime_hydra.app.preflight import compose_run
 from slime_hydra.data.dataset import load_prompts
 from slime_hydra.errors import ConfigError, DataError
 from slime_hydra.models.tokenizer import build_char_tokenizer
@@ -138,7 +138,7 @@ def test_cli_non_utf8_exits_2_with_file_line(workdir):
 
 
 def test_eval_files_are_checked_with_their_own_keys(tmp_path):
-    from slime_hydra.engine.build import build_eval_sets
+    from slime_hydra.app.inputs import build_eval_sets
     from slime_hydra.engine.steps import rollout_sampling
 
     held = write(tmp_path / "held.jsonl", [BAD_ROWS["no_content"][0], '{"prompt": "1+1=", "answer": "2"}'])
@@ -169,7 +169,7 @@ def test_shipped_eval_sets_keep_their_keys_when_the_training_data_uses_others(tm
     """Issue 25: a chat-format training file with data.input_key=question data.label_key=answer; the embedded
     eval set (prompt/label) names its own keys, so it still loads; an eval file that lacks them names its key
     and eval=none as the fixes."""
-    from slime_hydra.engine.build import build_eval_sets, load_data
+    from slime_hydra.app.inputs import build_eval_sets, load_data
     from slime_hydra.engine.steps import rollout_sampling
 
     train = write(tmp_path / "train.jsonl", ['{"question": "1+1=", "answer": "2"}', '{"question": "2+2=", "answer": "4"}'])

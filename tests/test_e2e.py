@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_hydra.config.preflight import compose_run
-from slime_hydra.engine.session import run_session
+from slime_hydra.app.preflight import compose_run
+from slime_hydra.app.session import run_session
 from tests.conftest import FAST, mlflow_db, run_cli
 
 PERF = "perf/"

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from slime_hydra.config.preflight import Composer, check_overrides, validate_composed
+from slime_hydra.app.preflight import validate_composed
+from slime_hydra.config.preflight import Composer, check_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(str(p.relative_to(ROOT / "experiments").with_suffix("")) for p in (ROOT / "experiments").rglob("*.yaml"))

@@ -146,9 +146,9 @@ def test_engine_resume_through_megatron_checkpoints_is_exact(single, tmp_path, d
     in fp32 and in bf16 (mixed precision: fp32 main params and moments in the checkpoint)."""
     from safetensors.torch import load_file
 
-    from slime_hydra.config.preflight import compose_run
+    from slime_hydra.app.preflight import compose_run
+    from slime_hydra.app.session import run_session
     from slime_hydra.engine.checkpoint import load_state
-    from slime_hydra.engine.session import run_session
     from tests.conftest import FAST
 
     def run(name, extra):
@@ -206,7 +206,7 @@ def test_distributed_optimizer_resume_is_exact_and_kind_mismatch_is_refused(sing
     assert "parallelism.use_distributed_optimizer=false, but" in msg and "(data-parallel size 2; now 1)" in msg
     assert msg.endswith("set parallelism.use_distributed_optimizer=true to resume it")
     # and before anything starts: validation reads the checkpoint's common part (a save root with `latest` too)
-    from slime_hydra.config.preflight import compose_run
+    from slime_hydra.app.preflight import compose_run
 
     (tmp_path / "root").mkdir()
     (tmp_path / "root" / "latest").write_text(str(parallel / "dp2_ckpt") + "\n")  # an absolute name joins as itself

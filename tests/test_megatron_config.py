@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from slime_hydra.config.preflight import compose_run, preflight
+from slime_hydra.app.hf_check import main
+from slime_hydra.app.preflight import compose_run, preflight
 from slime_hydra.errors import ConfigError
-from slime_hydra.models.hf_check import check_hf_config, main, moe_layer_pattern
+from slime_hydra.models.hf_check import check_hf_config, moe_layer_pattern
 from tests.conftest import ROOT
 
 # Qwen3-0.6B's config.json (Qwen/Qwen3-0.6B), written out by hand: the fields the check reads

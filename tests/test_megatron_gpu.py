@@ -21,7 +21,7 @@ def test_bf16_logits_match_transformers_and_export_is_exact(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from slime_hydra.algorithms.losses import log_probs_from_logits
-    from slime_hydra.config.preflight import compose_run
+    from slime_hydra.app.preflight import compose_run
     from slime_hydra.config.store import register
     from slime_hydra.models.build import build_model, build_tokenizer
     from tests.trainers import megatron_backend

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from slime_hydra.config.preflight import compose_run, preflight
+from slime_hydra.app.preflight import compose_run, preflight
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.errors import ConfigError
 from slime_hydra.training.microbatch import micro_batch_cost, micro_batch_indices, partition_by_tokens

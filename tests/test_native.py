@@ -158,7 +158,7 @@ def test_trainer_step_matches_transformers():
 
 
 def test_validation_refuses_models_native_does_not_run(tmp_path):
-    from slime_hydra.config.preflight import compose_run
+    from slime_hydra.app.preflight import compose_run
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "attention_bias": True, "hidden_act": "silu"}))
     with pytest.raises(ConfigError) as e:
@@ -173,7 +173,7 @@ def test_validation_refuses_models_native_does_not_run(tmp_path):
 def test_auto_resolves_at_validation():
     """The embedded default's model.model_impl=auto: native for its Qwen3; a MoE or qwen2 model option falls back
     to transformers; an HF checkpoint is judged by its config.json."""
-    from slime_hydra.config.preflight import compose_run
+    from slime_hydra.app.preflight import compose_run
 
     assert compose_run([]).model.model_impl == "native"
     assert compose_run(["model=qwen3_30b_a3b"]).model.model_impl == "transformers"

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from slime_hydra.config.preflight import compose_run
+from slime_hydra.app.preflight import compose_run
 from slime_hydra.config.schema import ClusterConfig
 from slime_hydra.errors import ConfigError
 from slime_hydra.orchestration.placement import layout_problems, plan_layout
@@ -134,7 +134,7 @@ def test_ray_backend_run_matches_in_process_run(ray_cluster, tmp_path):
 
     from mlflow.tracking import MlflowClient
 
-    from slime_hydra.engine.session import run_session
+    from slime_hydra.app.session import run_session
 
     db = mlflow_db(tmp_path / "mlflow.db")
     common = FAST + ["num_rollout=2", "save_interval=2", f"logger.tracking_uri={db}"]
@@ -167,7 +167,7 @@ def test_custom_generate_hook_runs_over_the_ray_engines(ray_cluster, tmp_path):
     observation tokens, rewards) are those of the in-process run: same weights, same sampler seed, same batching."""
     import json
 
-    from slime_hydra.engine.session import run_session
+    from slime_hydra.app.session import run_session
 
     common = ["experiment=agent/qwen3-tiny-calculator-cpu-local-torch-v1", "logger=none", "logger.progress_bar=false",
               "num_rollout=1", "warmstart.steps=25", "rollout.rollout_batch_size=4", "rollout.n_samples_per_prompt=4",

@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from slime_hydra.config.preflight import Composer, check_overrides, compose_run, validate_composed
+from slime_hydra.app.preflight import compose_run, validate_composed
+from slime_hydra.config.preflight import Composer, check_overrides
 from slime_hydra.config.validate_model import max_lost_lr, num_parameters
 from slime_hydra.errors import ConfigError
 from tests.conftest import FAST, run_cli

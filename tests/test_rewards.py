@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from slime_hydra.config.preflight import compose_run, preflight
+from slime_hydra.app.preflight import compose_run, preflight
 from slime_hydra.config.schema import RewardConfig
 from slime_hydra.engine.steps import pass_at_k
 from slime_hydra.errors import ConfigError
@@ -193,8 +193,8 @@ def test_remote_rm_needs_url():
 def test_multi_task_eval_logs_both_datasets_and_writes_samples(tmp_path):
     from mlflow.tracking import MlflowClient
 
+    from slime_hydra.app.session import run_session
     from slime_hydra.config.store import asset_path
-    from slime_hydra.engine.session import run_session
     from tests.conftest import FAST, mlflow_db
 
     db = mlflow_db(tmp_path / "m.db")

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from slime_hydra.config.preflight import compose_run
+from slime_hydra.app.preflight import compose_run
 from slime_hydra.errors import ConfigError
 from slime_hydra.types import SamplingParams, Status
 
@@ -105,8 +105,8 @@ def sglang_run(tmp_path_factory):
     """The experiment's SFT warm start, then NUM_ROLLOUT GRPO rollouts through two engines, disaggregated
     (cluster.colocate=false: weight_sync=auto syncs over a gloo update group per engine); every sync is
     checked equal on both engines. The sglang components stay up for the other tests."""
+    from slime_hydra.app.build import build
     from slime_hydra.engine import loop
-    from slime_hydra.engine.build import build
 
     out = tmp_path_factory.mktemp("sglang")
     cfg = compose_run([EXPERIMENT, *RUN, f"num_rollout={NUM_ROLLOUT}", *FIXTURE])
@@ -143,8 +143,8 @@ def test_grpo_through_sglang_learns_like_local(sglang_run):
 def test_local_reference_run(tmp_path):
     """The same config, seed and warm start through the local backend (one engine in the driver): it learns
     within the same bounds (a reference for what the sglang run should show)."""
+    from slime_hydra.app.build import build
     from slime_hydra.engine import loop
-    from slime_hydra.engine.build import build
 
     cfg = compose_run([EXPERIMENT, "rollout=local", "cluster.rollout_num_gpus=null", *RUN, f"num_rollout={NUM_ROLLOUT}"])
     history = loop.run(cfg, build(cfg, str(tmp_path)), str(tmp_path / "ckpt"))

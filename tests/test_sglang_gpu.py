@@ -15,8 +15,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.sglang]
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices (NCCL: one rank per device)")
 def test_distributed_sync_over_nccl_makes_the_engine_equal_the_trainer(tmp_path):
-    from slime_hydra.config.preflight import compose_run
-    from slime_hydra.engine.build import build_rollout
+    from slime_hydra.app.build import build_rollout
+    from slime_hydra.app.preflight import compose_run
     from slime_hydra.models.build import build_model, build_tokenizer
     from slime_hydra.rollout.sglang import weights as W
 

@@ -129,7 +129,7 @@ def test_train_group_collective_timeout_and_a_dead_rank(local_ray):
     from ray.util.placement_group import placement_group, remove_placement_group
 
     from slime_hydra.app.algorithm import algorithm_specs
-    from slime_hydra.config.preflight import compose_run
+    from slime_hydra.app.preflight import compose_run
     from slime_hydra.orchestration.placement import plan_layout
     from slime_hydra.orchestration.train_group import TrainGroup, split_for_ranks
     from tests.test_orchestration import _batch
@@ -212,7 +212,7 @@ def test_joining_an_address_nothing_answers_at_fails_fast():
 
 
 def test_timeout_keys_must_be_positive():
-    from slime_hydra.config.preflight import compose_run
+    from slime_hydra.app.preflight import compose_run
     from slime_hydra.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:
@@ -240,8 +240,8 @@ def fails_in_rollout_2(sample, **kw):
 
 
 def async_run(tmp_path, mode: str):
-    from slime_hydra.config.preflight import compose_run
-    from slime_hydra.engine.session import run_session
+    from slime_hydra.app.preflight import compose_run
+    from slime_hydra.app.session import run_session
 
     CALLS.update(n=0, mode=mode)
     HANG.clear()

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from slime_hydra.config.preflight import compose_run
+from slime_hydra.app.build import build
+from slime_hydra.app.preflight import compose_run
 from slime_hydra.config.schema import RewardConfig
-from slime_hydra.engine.build import build
 from slime_hydra.engine.loop import prepare
 from slime_hydra.engine.steps import EvalSet, evaluate, generate_groups
 from slime_hydra.engine.warmstart import accuracy_check, warm_start

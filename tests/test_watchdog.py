@@ -117,7 +117,7 @@ def test_cli_run_whose_reward_hangs_exits_3_with_the_stacks(workdir, monkeypatch
 
 
 def test_watchdog_and_reward_deadlines_are_checked_before_anything_starts():
-    from slime_hydra.config.preflight import compose_run
+    from slime_hydra.app.preflight import compose_run
     from slime_hydra.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:

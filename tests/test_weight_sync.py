@@ -88,9 +88,9 @@ def short_run(tmp_path_factory):
     """NUM_ROLLOUT GRPO rollouts through one colocated SGLang CPU engine (weights synced from tensors, every
     sync checked equal), then ASYNC_ROLLOUTS more in train_mode=async on the same components, tracked in a
     real sqlite MLflow store. The engine stays up for the tests."""
-    from slime_hydra.config.preflight import compose_run
+    from slime_hydra.app.build import build
+    from slime_hydra.app.preflight import compose_run
     from slime_hydra.engine import async_loop, loop
-    from slime_hydra.engine.build import build
     from tests.conftest import mlflow_db
 
     out = tmp_path_factory.mktemp("weight_sync")

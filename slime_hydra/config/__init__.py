@@ -1,1 +1,1 @@
-"""Config layer: schemas, ConfigStore registration, preflight composition and validation."""
+"""Config layer: schemas, ConfigStore registration, composing and checking overrides, checks of the config alone."""

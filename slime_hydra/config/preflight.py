@@ -1,9 +1,10 @@
-"""Compose and validate before anything heavy starts, reporting every problem at once.
+"""Compose configs and check each override against the schema, reporting every problem at once.
 
 Hydra alone stops at the first bad override with its own message. Here each override is checked
 against the schema (unknown keys and group options get the nearest valid names, also for `+key=`),
-type errors are collected per override, and every job of a multirun sweep is composed and
-validated, so a typo in the tenth sweep value fails before Ray or a model starts.
+type errors are collected per override, and a multirun's overrides expand into every job's. The
+checks of the composed RunConfig, and the preflight of every job, are the composition floor's
+(app/preflight.py), so a typo in the tenth sweep value fails before Ray or a model starts.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.config.store import CONF_DIR, register
-from slime_hydra.errors import ConfigError
 
 MAX_SWEEP_JOBS_CHECKED = 64
 
@@ -68,6 +68,13 @@ class Composer:
         for sub in loader.list_groups(group):  # nested options such as experiment=grpo/<name>
             options += [f"{sub}/{o}" for o in self.group_options(f"{group}/{sub}")]
         return sorted(options)
+
+    def choices(self) -> dict[str, str]:
+        """group -> the option the primary config picks (Hydra's runtime choices), user groups only."""
+        from hydra import compose
+
+        picked = compose(config_name=self.config_name, return_hydra_config=True).hydra.runtime.choices
+        return {g: str(o) for g, o in picked.items() if g in self.groups()}
 
     def groups(self) -> set[str]:
         from hydra.core.global_hydra import GlobalHydra
@@ -130,7 +137,7 @@ def check_overrides(composer: Composer, overrides: list[str]) -> tuple[Optional[
     try:
         base = composer.compose(group_ovr)
     except Exception as e:  # noqa: BLE001 - a broken option file; report it with the others
-        return None, problems + [f"composing {group_ovr or 'the defaults'} failed: {_hydra_message(e)}"]
+        return None, problems + [f"composing {group_ovr or 'the defaults'} failed: {hydra_message(e)}"]
     if not key_ovr:
         return base, problems
     all_paths = _leaf_paths(base)
@@ -151,14 +158,14 @@ def check_overrides(composer: Composer, overrides: list[str]) -> tuple[Optional[
             composer.compose(group_ovr + [text])
             good.append(text)
         except Exception as e:  # noqa: BLE001
-            msg = _hydra_message(e)
+            msg = hydra_message(e)
             if "is not in struct" in msg:
                 msg += f"; to fill a free-form dict use +{key}.<name>=<value> or ++{key}={{...}}"
             problems.append(f"{text}: {msg}")
     return composer.compose(group_ovr + good), problems
 
 
-def _hydra_message(e: Exception) -> str:
+def hydra_message(e: Exception) -> str:
     """The innermost useful sentence of a Hydra/OmegaConf error, without its object dump."""
     while (e.__cause__ or e.__context__) is not None:
         e = e.__cause__ or e.__context__
@@ -170,16 +177,6 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     """DictConfig -> typed RunConfig (interpolations resolved), minus Hydra's own node."""
     cfg = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]) if "hydra" in cfg else cfg
     return OmegaConf.to_object(cfg)
-
-
-def validate_composed(cfg: DictConfig) -> tuple[Optional[RunConfig], list[str], list[str]]:
-    from slime_hydra.config.validate import check
-
-    try:
-        typed = to_run_config(cfg)
-    except Exception as e:  # noqa: BLE001 - missing values and interpolation errors
-        return None, [_hydra_message(e)], []
-    return check(typed)
 
 
 def expand_sweeps(overrides: list[str]) -> list[list[str]]:
@@ -200,37 +197,4 @@ def expand_sweeps(overrides: list[str]) -> list[list[str]]:
     return jobs or [[]]
 
 
-def preflight(overrides: list[str], multirun: bool = False, config_name: str = "config") -> list[RunConfig]:
-    """Compose + validate every job; raise ConfigError listing every problem."""
-    jobs = expand_sweeps(overrides) if multirun else [overrides]
-    problems: list[str] = []
-    configs: list[RunConfig] = []
-    with Composer(config_name) as composer:
-        for job in jobs:
-            cfg, probs = check_overrides(composer, job)
-            if cfg is not None:
-                typed, more, _ = validate_composed(cfg)
-                probs = probs + more
-                if typed is not None and not probs:
-                    configs.append(typed)
-            prefix = f"[job {' '.join(job)}] " if multirun and len(jobs) > 1 else ""
-            problems.extend(prefix + p for p in probs if prefix + p not in problems)
-    if problems:
-        raise ConfigError(problems)
-    return configs
-
-
-def compose_run(overrides: list[str], config_name: str = "config") -> RunConfig:
-    """Compose, validate and derive one run's typed config (the path tests and tools use)."""
-    with Composer(config_name) as composer:
-        cfg, problems = check_overrides(composer, overrides)
-        if cfg is None:
-            raise ConfigError(problems)
-        typed, more, _ = validate_composed(cfg)
-        problems += more
-    if problems:
-        raise ConfigError(problems)
-    return typed
-
-
-__all__ = ["Composer", "preflight", "compose_run", "expand_sweeps"]
+__all__ = ["Composer", "check_overrides", "expand_sweeps", "hydra_message", "to_run_config"]

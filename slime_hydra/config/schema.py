@@ -3,7 +3,8 @@
 YAML options under conf/ attach one of these dataclasses (``defaults: [/schema/<group>@_here_]``)
 and carry only what differs. Key names follow slime's argument names so its users feel at home
 (``--rollout-batch-size`` is ``rollout.rollout_batch_size``). Semantic checks live in
-``validate.py``; this module only declares shapes, types and defaults.
+``validate*.py`` (and, for what a component reads, beside the component: app/checks.py); this module only
+declares shapes, types and defaults.
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""The thin engine: build components from the typed config, then run the loop."""
+"""The engine: the loop over Components (built by app/), its steps, checkpoints and resume state; Protocols only."""

@@ -40,7 +40,8 @@ import torch
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.data.buffer import sample_from_dict, sample_to_dict
 from slime_hydra.engine import checkpoint as ckpt
-from slime_hydra.engine.build import Components, engine_state
+from slime_hydra.engine.components import Components
+from slime_hydra.engine.state import engine_state
 from slime_hydra.engine.collect import Collected, RolloutPlan, collect_rollout, rollout_plan, weight_lag_metrics, write_rollout_data
 from slime_hydra.engine.loop import due, perf_metrics, prepare, run_eval
 from slime_hydra.engine.report import Progress

@@ -80,7 +80,7 @@ def accuracy_check(trainer: TrainBackend, rollout: RolloutBackend, prompts: list
 
 
 def run_warm_start(w: WarmStartConfig, c, seed: int) -> dict[str, float]:
-    """The engine's warm start (c: engine.build.Components): its metrics at step 0."""
+    """The engine's warm start (c: engine.components.Components): its metrics at step 0."""
     t0 = time.perf_counter()
     check = None
     if w.target_train_accuracy is not None:

@@ -5,9 +5,9 @@ checkpoint's tensors into it, so a wrong field there is a silent shape error or,
 that loads and computes something else (a wrong rope base or norm eps). slime's
 `_hf_validate_args` compares the same fields; this is that check as a function of
 (ModelConfig, config.json dict), used by validation (train.backend=megatron with
-model.hf_checkpoint) and by the CLI:
+model.hf_checkpoint) and by the CLI (app/hf_check.py):
 
-    python -m slime_hydra.models.hf_check /path/to/config.json model=qwen3_4b [more overrides]
+    slime-hydra check-hf /path/to/config.json model=qwen3_4b [more overrides]
 
 It reads JSON only: no transformers import, no trust_remote_code.
 """
@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from slime_hydra.config.schema import ModelConfig
 
@@ -161,30 +160,3 @@ def check_hf_config(model: ModelConfig, config_json: str | Path) -> list[str]:
     except json.JSONDecodeError as e:
         return [f"{path}:{e.lineno}: not valid JSON ({e.msg})"]
     return [f"{path}: {p}" for p in hf_mismatches(model, hf)]
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0].startswith("-") or "=" in argv[0]:
-        print("usage: python -m slime_hydra.models.hf_check CONFIG_JSON_OR_DIR [model=<option> overrides...]", file=sys.stderr)
-        return 2
-    from slime_hydra.config.preflight import compose_run
-    from slime_hydra.config.store import register
-    from slime_hydra.errors import UserError
-
-    register()
-    try:
-        model = compose_run(argv[1:]).model
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    problems = check_hf_config(model, argv[0])
-    for p in problems:
-        print(f"mismatch: {p}")
-    if not problems:
-        print(f"model={model.name} matches {argv[0]}")
-    return 2 if problems else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

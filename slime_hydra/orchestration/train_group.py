@@ -25,6 +25,7 @@ import torch
 from slime_hydra.config.schema import ModelConfig
 from slime_hydra.orchestration.calls import RayCalls
 from slime_hydra.orchestration.placement import Layout, node_ip_and_free_port, on_bundle
+from slime_hydra.runtime import seed_everything
 from slime_hydra.training.base import TrainBatch
 from slime_hydra.training.specs import AlgorithmSpecs
 
@@ -65,7 +66,6 @@ class TrainRank:
 
     def setup(self, init_method: str, distributed_timeout_s: float, model: ModelConfig, specs: AlgorithmSpecs,
               temperature: float, seed: int) -> None:
-        from slime_hydra.engine.build import seed_everything
         from slime_hydra.models.build import build_model, build_tokenizer
         from slime_hydra.training.distributed import DataParallelTorchBackend, init_process_group
 

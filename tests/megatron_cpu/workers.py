@@ -15,7 +15,7 @@ LAYOUTS = {  # name -> parallelism overrides (2 processes: what is not TP or PP 
 
 def tiny_setup(overrides: list[str] = ()):
     """(cfg, tokenizer, HF model) of the embedded default with the megatron trainer."""
-    from slime_hydra.config.preflight import compose_run
+    from slime_hydra.app.preflight import compose_run
     from slime_hydra.config.store import register
     from slime_hydra.models.build import build_model, build_tokenizer
 

@@ -56,7 +56,7 @@ def build(family: str, out_dir, seed: int = 0):
     """(RunConfig with train=megatron, HF model, its saved directory) for `family`."""
     from transformers import AutoModelForCausalLM
 
-    from slime_hydra.config.preflight import compose_run
+    from slime_hydra.app.preflight import compose_run
     from slime_hydra.config.store import register
 
     register()

@@ -1,8 +1,11 @@
-"""Preflight checks for rollout.backend=sglang (no sglang import: ServerArgs fields are read with ast)."""
+"""Preflight checks for rollout.backend=sglang (no sglang import: ServerArgs fields are read with ast).
+
+Called by the composition floor (app/checks.py) with the two groups they read.
+"""
 
 from __future__ import annotations
 
-from slime_hydra.config.schema import RunConfig
+from slime_hydra.config.schema import ClusterConfig, RolloutConfig
 from slime_hydra.rollout.sglang.server_args import (ROUTER_RUNNER_KEYS, RUNNER_KEYS, check_pass_through,
                                                      router_arg_fields, server_arg_fields)
 
@@ -16,15 +19,14 @@ def weight_sync_mode(weight_sync: str, colocate: bool) -> str:
     return weight_sync if weight_sync != "auto" else ("tensor" if colocate else "distributed")
 
 
-def num_engines(cfg: RunConfig) -> int:
-    c = cfg.cluster
+def num_engines(c: ClusterConfig) -> int:
     gpus = c.rollout_num_gpus if c.rollout_num_gpus is not None else c.actor_num_nodes * c.actor_num_gpus_per_node
     return max(gpus // max(c.rollout_num_gpus_per_engine, 1), 1)
 
 
-def check_sglang(cfg: RunConfig, problems: list[str]) -> None:
-    r, c = cfg.rollout, cfg.cluster
-    problems += check_pass_through("rollout.sglang", r.sglang, server_arg_fields(), RUNNER_KEYS, "sglang's ServerArgs")
+def check(rollout: RolloutConfig, cluster: ClusterConfig) -> list[str]:
+    r, c = rollout, cluster
+    problems = check_pass_through("rollout.sglang", r.sglang, server_arg_fields(), RUNNER_KEYS, "sglang's ServerArgs")
     problems += check_pass_through("rollout.sglang_router", r.sglang_router, router_arg_fields(), ROUTER_RUNNER_KEYS,
                                    "sglang-router's RouterArgs")
     if r.weight_sync not in WEIGHT_SYNC:
@@ -56,3 +58,4 @@ def check_sglang(cfg: RunConfig, problems: list[str]) -> None:
         problems.append(f"rollout.rollout_stop={list(r.rollout_stop)} needs the engine's tokenizer, which "
                         "rollout.sglang.skip_tokenizer_init=true turns off; use rollout.rollout_stop_token_ids or set "
                         "rollout.sglang.skip_tokenizer_init=false")
+    return problems

@@ -1,40 +1,23 @@
-"""Validation of the model / parallelism groups for train.backend=megatron (no megatron import).
+"""Validation of the model / parallelism / train groups for train.backend=megatron (no megatron import).
 
-Run by config/validate.py before anything is built: each problem names the key and the fix.
+Called by the composition floor (app/checks.py) before anything is built, with only the groups it
+reads; each problem names the key and the fix.
 """
 
 from __future__ import annotations
 
-from slime_hydra.config.schema import RunConfig
+import dataclasses
+from pathlib import Path
+from typing import Optional
+
+from slime_hydra.config.schema import ClusterConfig, MegatronConfig, ModelConfig, ParallelismConfig, TrainConfig
+from slime_hydra.models.hf_check import check_hf_config
 
 
-def check_model(cfg: RunConfig, problems: list[str]) -> None:
-    """Shape rules of a model option, whatever the backend (the zoo must stay self-consistent)."""
-    from slime_hydra.models.hf_check import moe_layer_pattern
-
-    m = cfg.model
-    if not m.multi_latent_attention and m.num_attention_heads % m.num_query_groups:
-        problems.append(f"model.num_query_groups={m.num_query_groups} must divide model.num_attention_heads={m.num_attention_heads}")
-    if m.num_experts is not None:
-        try:
-            pattern = moe_layer_pattern(m.moe_layer_freq, m.num_layers)
-        except ValueError as e:
-            problems.append(f"model.{e}")
-        else:
-            if len(pattern) != m.num_layers:
-                problems.append(f"model.moe_layer_freq={m.moe_layer_freq!r} gives {len(pattern)} layers but model.num_layers="
-                                f"{m.num_layers}; give one 0/1 per layer")
-        if m.moe_ffn_hidden_size is None:
-            problems.append("model.num_experts is set but model.moe_ffn_hidden_size is not; set it (HF moe_intermediate_size)")
-        if not 1 <= m.moe_router_topk <= m.num_experts:
-            problems.append(f"model.moe_router_topk={m.moe_router_topk} must be in [1, model.num_experts={m.num_experts}]")
-    if m.normalization not in ("RMSNorm", "LayerNorm"):
-        problems.append(f"model.normalization={m.normalization!r} is not one of ['RMSNorm', 'LayerNorm']")
-
-
-def check_megatron(cfg: RunConfig, problems: list[str]) -> None:
-    """Parallel layout against the model, recompute keys, and the HF checkpoint's config.json."""
-    m, p = cfg.model, cfg.parallelism
+def check(model: ModelConfig, parallelism: ParallelismConfig, train: TrainConfig, device: str, load: Optional[str]) -> list[str]:
+    """Parallel layout against the model, recompute keys, speed keys, a checkpoint to resume (`load`), and the
+    HF checkpoint's config.json. `device` is cluster.device."""
+    m, p, problems = model, parallelism, []
     tp, pp, cp, ep = (p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size,
                       p.expert_model_parallel_size)
     for key, v in (("tensor_model_parallel_size", tp), ("pipeline_model_parallel_size", pp), ("context_parallel_size", cp),
@@ -42,8 +25,7 @@ def check_megatron(cfg: RunConfig, problems: list[str]) -> None:
         if v < 1:
             problems.append(f"parallelism.{key}={v} must be >= 1")
     if min(tp, pp, cp, ep) < 1:
-        return
-    check_layout_fits_ranks(cfg, problems)
+        return problems
     if m.num_attention_heads % tp:
         problems.append(f"parallelism.tensor_model_parallel_size={tp} must divide model.num_attention_heads={m.num_attention_heads}")
     if not m.multi_latent_attention and m.num_query_groups % tp:
@@ -76,15 +58,14 @@ def check_megatron(cfg: RunConfig, problems: list[str]) -> None:
                             "set it or drop parallelism.recompute_modules")
         if bad := [x for x in p.recompute_modules if x not in allowed]:
             problems.append(f"parallelism.recompute_modules: {bad} not among {sorted(allowed)} (megatron's names)")
-    check_speed(cfg, problems)
-    check_resume(cfg, problems)
-    from slime_hydra.training.megatron.convert import check_convertible
+    check_speed(train.megatron, device, problems)
+    check_resume(load, p.use_distributed_optimizer, problems)
+    from slime_hydra.training.megatron.convert import check_convertible  # convert.py imports torch: megatron runs only
 
     problems += check_convertible(m)
     if m.hf_checkpoint:
-        from slime_hydra.models.hf_check import check_hf_config
-
         problems += check_hf_config(m, m.hf_checkpoint)
+    return problems
 
 
 def optimizer_kind_mismatch(saved: dict, use_distributed_optimizer: bool, where: str, dp_now: str = "") -> str | None:
@@ -97,29 +78,11 @@ def optimizer_kind_mismatch(saved: dict, use_distributed_optimizer: bool, where:
             f"optimizer state cannot load into the other optimizer; set parallelism.use_distributed_optimizer={want} to resume it")
 
 
-def check_layout_fits_ranks(cfg: RunConfig, problems: list[str]) -> None:
-    """megatron splits the train ranks into TP × PP × CP model-parallel blocks; what is left over is data parallel."""
-    p, c = cfg.parallelism, cfg.cluster
-    block = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size
-    if c.backend == "ray":
-        ranks = c.actor_num_nodes * c.actor_num_gpus_per_node
-        where = f"cluster.actor_num_nodes × cluster.actor_num_gpus_per_node = {c.actor_num_nodes} × {c.actor_num_gpus_per_node} = {ranks}"
-    else:
-        ranks, where = 1, "cluster.backend=local: 1"
-    if ranks >= 1 and ranks % block:
-        problems.append(f"parallelism.tensor_model_parallel_size × pipeline_model_parallel_size × context_parallel_size = "
-                        f"{p.tensor_model_parallel_size} × {p.pipeline_model_parallel_size} × {p.context_parallel_size} = {block} "
-                        f"must divide the train ranks ({where}); set cluster.actor_num_gpus_per_node to a multiple of {block}"
-                        + (" with cluster.backend=ray" if c.backend != "ray" else "") + " or lower the parallel sizes")
-
-
-def check_resume(cfg: RunConfig, problems: list[str]) -> None:
+def check_resume(load: Optional[str], use_distributed_optimizer: bool, problems: list[str]) -> None:
     """load= a megatron checkpoint: its optimizer kind must be this run's (the loader checks again: checkpoint.py)."""
-    if cfg.load is None:
+    if load is None:
         return
-    from pathlib import Path
-
-    ckpt = Path(cfg.load)
+    ckpt = Path(load)
     if (ckpt / "latest").is_file():  # a save root: engine.checkpoint.resolve_checkpoint's rule, without importing the engine
         ckpt = ckpt / (ckpt / "latest").read_text().strip()
     common = ckpt / "megatron" / "common.pt"
@@ -128,38 +91,52 @@ def check_resume(cfg: RunConfig, problems: list[str]) -> None:
     import torch
 
     saved = torch.load(common, map_location="cpu", weights_only=True).get("optimizer_layout")
-    if problem := optimizer_kind_mismatch(saved, cfg.parallelism.use_distributed_optimizer, str(common.parent)):
+    if problem := optimizer_kind_mismatch(saved, use_distributed_optimizer, str(common.parent)):
         problems.append(problem)
 
 
-def check_speed(cfg: RunConfig, problems: list[str]) -> None:
+def check_speed(mg: MegatronConfig, device: str, problems: list[str]) -> None:
     """train.megatron: the log-prob chunk size, and torch.compile only where Triton can compile (CUDA)."""
-    mg = cfg.train.megatron
     if mg.log_probs_chunk_size != -1 and mg.log_probs_chunk_size < 1:
         problems.append(f"train.megatron.log_probs_chunk_size={mg.log_probs_chunk_size} must be >= 1 (tokens per chunk) "
                         "or -1 (one chunk)")
     compiled = [k for k in ("compile_layers", "compile_log_probs") if getattr(mg, k)]
     if compiled:
-        device = cfg.cluster.device
-        if device == "auto":
-            import torch
+        where = device
+        if where == "auto":
+            import torch  # only when a compile flag is set: validation stays free of torch otherwise
 
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device != "cuda":
+            where = "cuda" if torch.cuda.is_available() else "cpu"
+        if where != "cuda":
             keys = " and ".join(f"train.megatron.{k}=true" for k in compiled)
             fix = " ".join(f"train.megatron.{k}=false" for k in compiled)
-            problems.append(f"{keys} needs a CUDA device (cluster.device={cfg.cluster.device} runs on cpu here); "
+            problems.append(f"{keys} needs a CUDA device (cluster.device={device} runs on cpu here); "
                             f"set {fix} or cluster.device=cuda")
 
 
-def check_unused(cfg: RunConfig, problems: list[str]) -> None:
+def check_unused(train: TrainConfig) -> list[str]:
     """train.megatron.* set with another train.backend would be silently ignored: name them."""
-    import dataclasses
-
-    from slime_hydra.config.schema import MegatronConfig
-
     changed = [f"train.megatron.{f.name}" for f in dataclasses.fields(MegatronConfig)
-               if getattr(cfg.train.megatron, f.name) != f.default]
+               if getattr(train.megatron, f.name) != f.default]
     if changed:
-        problems.append(f"{', '.join(changed)} apply only with train.backend=megatron (train.backend={cfg.train.backend}); "
-                        "drop them or set train.backend=megatron")
+        return [f"{', '.join(changed)} apply only with train.backend=megatron (train.backend={train.backend}); "
+                "drop them or set train.backend=megatron"]
+    return []
+
+
+def check_layout(p: ParallelismConfig, c: ClusterConfig) -> list[str]:
+    """megatron splits the train ranks into TP × PP × CP model-parallel blocks; what is left over is data parallel."""
+    block = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size
+    if block < 1:  # check() names the size below 1
+        return []
+    if c.backend == "ray":
+        ranks = c.actor_num_nodes * c.actor_num_gpus_per_node
+        where = f"cluster.actor_num_nodes × cluster.actor_num_gpus_per_node = {c.actor_num_nodes} × {c.actor_num_gpus_per_node} = {ranks}"
+    else:
+        ranks, where = 1, "cluster.backend=local: 1"
+    if ranks < 1 or ranks % block == 0:
+        return []
+    return [f"parallelism.tensor_model_parallel_size × pipeline_model_parallel_size × context_parallel_size = "
+            f"{p.tensor_model_parallel_size} × {p.pipeline_model_parallel_size} × {p.context_parallel_size} = {block} "
+            f"must divide the train ranks ({where}); set cluster.actor_num_gpus_per_node to a multiple of {block}"
+            + (" with cluster.backend=ray" if c.backend != "ray" else "") + " or lower the parallel sizes"]

@@ -1,7 +1,7 @@
-"""One run from a validated config: build, track, loop, report, close.
+"""One run from a validated config: build, track, loop, report, close; and the Hydra task around it.
 
-Owns what surrounds the loop (output directory, MLflow params/tags/artifacts, summary), so the
-loop itself stays one screen long.
+Owns what surrounds the loop (output directory, MLflow params/tags/artifacts, summary, the sync or
+async loop by train_mode), so the loop itself stays one screen long.
 """
 
 from __future__ import annotations
@@ -12,11 +12,16 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+from slime_hydra.app.build import build
+from slime_hydra.app.preflight import validate_composed
 from slime_hydra.config.schema import RunConfig
+from slime_hydra.engine import async_loop, loop, report
 from slime_hydra.engine.checkpoint import resume_hint
 from slime_hydra.engine.watchdog import StallWatchdog
+from slime_hydra.errors import ConfigError
+from slime_hydra.orchestration import sweep
 
 
 def git_sha() -> str:
@@ -49,10 +54,6 @@ def watchdog(cfg: RunConfig, c, out: Path, save_dir: str):
 
 def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_run_id: str | None = None) -> dict[str, Any]:
     """Runs and returns the summary (metric -> first/last/max)."""
-    from slime_hydra.engine import report
-    from slime_hydra.engine.build import build
-    from slime_hydra.engine import async_loop, loop
-
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     composed = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
@@ -86,3 +87,23 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_ru
     finally:
         c.tracker.close(status)
         c.rollout.shutdown()
+
+
+def task(cfg: DictConfig) -> float | None:
+    """The Hydra task: composed config -> checked -> run. Returns the final eval accuracy (for sweepers).
+    Bad input raises UserError, a run that stops on a failure it can name RunError; the CLI prints them."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    typed, problems, notes = validate_composed(cfg)
+    if problems:
+        raise ConfigError(problems)
+    hc = HydraConfig.get()
+    output_dir = typed.output_dir or hc.runtime.output_dir
+    typed.logger.tracking_uri = sweep.absolute_tracking_uri(typed.logger.tracking_uri, hc.runtime.cwd)
+    parent = sweep.parent_run_id(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
+    for note in notes:
+        print(note, flush=True)
+    summary = run_session(typed, output_dir, list(hc.overrides.task), parent)
+    accs = [v["last"] for k, v in summary.items() if k.startswith("eval/") and k.endswith("/accuracy")]
+    return sum(accs) / len(accs) if accs else summary.get("rollout/reward_mean", {}).get("last")

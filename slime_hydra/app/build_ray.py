@@ -6,7 +6,8 @@ the placement group, the train group and the rollout manager. The result is the 
 the in-process build returns, so `engine/loop.py` runs unchanged on either. A custom generate hook
 (multi-turn agents) runs in the driver, over the manager's engines, exactly as it runs over an
 in-process engine. Every wait on an actor has the deadline `cluster.ray_call_timeout_s` and names its step,
-the key and the checkpoint to resume from (orchestration/calls.py).
+the key and the checkpoint to resume from (orchestration/calls.py). What it shares with the local
+builder (data, tokenizer, resume, the Components' assembly) is app/inputs.py.
 """
 
 from __future__ import annotations
@@ -14,37 +15,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from slime_hydra.agent.hook import check_sample_overrides, wrap_rollout
 from slime_hydra.app.algorithm import run_specs
-from slime_hydra.config.plugins import load_target
+from slime_hydra.app.inputs import assemble, make_tracker, prepare
 from slime_hydra.config.schema import RunConfig
-from slime_hydra.data.buffer import DataBuffer
-from slime_hydra.engine import checkpoint as ckpt
-from slime_hydra.engine.build import Components, build_eval_sets, load_data, restore, seed_everything
 from slime_hydra.engine.checkpoint import resume_hint
-from slime_hydra.engine.steps import rollout_sampling
-from slime_hydra.errors import ConfigError
-from slime_hydra.models.build import build_tokenizer
-from slime_hydra.rewards.compute import RewardScorer
-from slime_hydra.tracking.base import build_tracker
+from slime_hydra.engine.components import Components
+from slime_hydra.engine.state import restore
 from slime_hydra.training.specs import AlgorithmSpecs
 
 
 def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) -> Components:
+    # orchestration imports ray (~2 s, and a cluster's worth of threads): only for cluster.backend=ray
     from slime_hydra.orchestration import placement
     from slime_hydra.orchestration.calls import RayCalls
     from slime_hydra.orchestration.rollout_manager import RemoteRollout, RemoteSource, RolloutManager
 
-    seed_everything(cfg.seed)
-    tokenizer = build_tokenizer(cfg.model)
-    sampling = rollout_sampling(cfg.rollout, (tokenizer.eos_token_id,))
-    train_prompts, eval_sets = load_data(cfg, tokenizer), build_eval_sets(cfg, tokenizer, sampling)
-    metadatas = [p.metadata for p in train_prompts] + [p.metadata for es in eval_sets.values() for p in es.prompts]
-    if problems := check_sample_overrides(metadatas, "data"):  # per-sample generate hooks, before the cluster
-        raise ConfigError(problems)
-    resume = ckpt.resolve_checkpoint(cfg.load) if cfg.load else None
-    model_cfg = cfg.model if resume is None else type(cfg.model)(**{**cfg.model.__dict__, "hf_checkpoint": str(resume)})
-    state = ckpt.load_state(resume) if resume else None
+    inputs = prepare(cfg)  # data, hooks and the checkpoint to resume, before the cluster
     specs = run_specs(cfg)  # names turned into the trainer's and the advantage step's callables
 
     import ray
@@ -53,31 +39,43 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
     pg = None
     try:
         pg, layout = placement.create_placement_group(cfg.cluster, where)
-        tracker = build_tracker(cfg.logger, cfg.experiment_name, output_dir, resume_run_id=(state or {}).get("tracker_run_id"),
-                                parent_run_id=parent_run_id)
+        tracker = make_tracker(cfg, inputs, output_dir, parent_run_id)
         uri = cfg.logger.tracking_uri if cfg.logger.tracker == "mlflow" else None
-        save_dir = cfg.save or str(Path(output_dir) / "checkpoints")  # as engine/session.py decides it
+        save_dir = cfg.save or str(Path(output_dir) / "checkpoints")  # as app/session.py decides it
         calls = RayCalls(cfg.cluster.ray_call_timeout_s, lambda: resume_hint(save_dir))
-        trainer = build_train_group(cfg, specs, model_cfg, pg, layout, calls, uri, tracker.run_id if uri else None)
-        manager = ray.remote(RolloutManager).options(num_cpus=0).remote(pg, layout, model_cfg, train_prompts, cfg.rollout, cfg.seed,
+        trainer = build_train_group(cfg, specs, inputs.model, pg, layout, calls, uri, tracker.run_id if uri else None)
+        manager = ray.remote(RolloutManager).options(num_cpus=0).remote(pg, layout, inputs.model, inputs.train_prompts, cfg.rollout, cfg.seed,
                                                                         cfg.cluster.num_threads, cfg.cluster.ray_call_timeout_s)
 
         def teardown() -> None:
             trainer.shutdown()
             placement.shutdown(pg, started)
 
-        rollout = wrap_rollout(RemoteRollout(manager, calls, on_shutdown=teardown), tokenizer, cfg.rollout.custom_generate,
-                               cfg.rollout.max_turns, metadatas)
-        source = RemoteSource(manager, calls)
-        comps = Components(tokenizer, train_prompts, eval_sets, source, trainer, rollout, RewardScorer(cfg.reward),
-                           tracker, sampling, specs.advantage, output_dir=output_dir, resumed_from=resume,
-                           buffer=DataBuffer(source, load_target(cfg.rollout.buffer_filter)))
+        rollout = RemoteRollout(manager, calls, on_shutdown=teardown)
+        comps = assemble(cfg, inputs, RemoteSource(manager, calls), trainer, rollout, tracker, specs.advantage, output_dir)
     except BaseException:
         placement.shutdown(pg, started)
         raise
-    if state is not None:
-        restore(comps, state)
+    if inputs.state is not None:
+        restore(comps, inputs.state)
     return comps
+
+
+def build_train_group(cfg: RunConfig, specs: AlgorithmSpecs, model_cfg, pg, layout, calls, tracking_uri: Optional[str],
+                      run_id: Optional[str]):
+    """The train ranks of `train.backend`, set up: torch data-parallel ranks (the driver splits each batch) or megatron
+    ranks (TP/PP/DP from `parallelism`; every rank takes the whole batch)."""
+    from slime_hydra.orchestration.megatron_group import MegatronTrainGroup
+    from slime_hydra.orchestration.train_group import TrainGroup
+
+    c, temperature = cfg.cluster, cfg.rollout.rollout_temperature
+    if cfg.train.backend == "megatron":
+        group = MegatronTrainGroup(pg, layout, c.num_threads, calls, c.distributed_timeout_s)
+        group.setup(model_cfg, cfg.parallelism, specs, cfg.train.megatron, temperature, cfg.seed)
+        return group
+    group = TrainGroup(pg, layout, c.num_threads, tracking_uri, run_id, calls, c.distributed_timeout_s)
+    group.setup(model_cfg, specs, temperature, cfg.seed)
+    return group
 
 
 def build_train_group(cfg: RunConfig, specs: AlgorithmSpecs, model_cfg, pg, layout, calls, tracking_uri: Optional[str],

@@ -1,0 +1,73 @@
+"""Build a run's Components: the local builder (one process), or the Ray builder (app/build_ray.py) when
+cluster.backend=ray. Names become objects here: train.backend picks the trainer, rollout.backend the engine.
+
+Both builders share app/inputs.py: data before any model (a bad data file fails in a second), and a
+resume that restores every piece of state the loop reads.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from slime_hydra.app.algorithm import run_specs
+from slime_hydra.app.build_ray import build_ray
+from slime_hydra.app.inputs import assemble, make_tracker, prepare
+from slime_hydra.config.schema import RunConfig
+from slime_hydra.data.source import PromptSource
+from slime_hydra.engine.components import Components
+from slime_hydra.engine.state import restore
+from slime_hydra.models.build import build_model
+from slime_hydra.rollout.base import RolloutBackend
+from slime_hydra.rollout.local import LocalRollout
+from slime_hydra.rollout.sglang.checks import num_engines
+from slime_hydra.runtime import pick_device
+from slime_hydra.training.base import TrainBackend
+from slime_hydra.training.specs import AlgorithmSpecs
+from slime_hydra.training.torch_backend import TorchTrainBackend
+
+
+def build_trainer(cfg: RunConfig, s: AlgorithmSpecs, model: torch.nn.Module, device: torch.device) -> TrainBackend:
+    if cfg.train.backend == "megatron":  # GPTModel initialised from the HF model's weights (the rollout keeps the HF model)
+        from slime_hydra.training.megatron.backend import MegatronTrainBackend  # megatron.core: ~6 s, megatron runs only
+
+        return MegatronTrainBackend(model.state_dict(), model.config, cfg.model, cfg.parallelism, s.loss, s.optim, s.batch,
+                                    cfg.train.megatron, cfg.rollout.rollout_temperature, device, seed=cfg.seed,
+                                    distributed_timeout_s=cfg.cluster.distributed_timeout_s)
+    return TorchTrainBackend(model, s.loss, s.optim, s.batch, cfg.rollout.rollout_temperature, device, critic=s.critic,
+                             model_impl=cfg.model.model_impl)
+
+
+def build_rollout(cfg: RunConfig, model: torch.nn.Module, tokenizer, output_dir: str = ".") -> RolloutBackend:
+    if cfg.rollout.backend == "sglang":
+        from slime_hydra.rollout.sglang.backend import SGLangRollout  # its client and weight-sync stack: sglang runs only
+
+        c = cfg.cluster
+        offload = c.offload_rollout if c.offload_rollout is not None else c.colocate
+        return SGLangRollout(cfg.rollout, model, tokenizer, num_engines=num_engines(c), tp_size=c.rollout_num_gpus_per_engine,
+                             seed=cfg.seed, dtype=cfg.model.dtype, output_dir=output_dir, colocate=c.colocate,
+                             offload=offload, device=pick_device(c.device).type)
+    return LocalRollout(model, tokenizer, seed=cfg.seed, generation_batch_size=cfg.rollout.generation_batch_size,
+                        model_impl=cfg.model.model_impl)
+
+
+def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) -> Components:
+    """The run's Components: in this process, or as Ray actors (cluster.backend=ray); the loop runs either."""
+    if cfg.cluster.num_threads:
+        torch.set_num_threads(cfg.cluster.num_threads)
+    if cfg.cluster.backend == "ray":  # placement group, train group, rollout manager: the same Components
+        return build_ray(cfg, output_dir, parent_run_id)
+    inputs = prepare(cfg)
+    device = pick_device(cfg.cluster.device)
+    model = build_model(inputs.model, inputs.tokenizer, cfg.seed).to(device)
+    specs = run_specs(cfg)  # names turned into the trainer's and the advantage step's callables
+    trainer = build_trainer(cfg, specs, model, device)
+    r = cfg.rollout
+    source = PromptSource(inputs.train_prompts, r.n_samples_per_prompt, r.rollout_shuffle, r.rollout_seed)
+    tracker = make_tracker(cfg, inputs, output_dir, parent_run_id)
+    rollout = build_rollout(cfg, model, inputs.tokenizer, output_dir)
+    comps = assemble(cfg, inputs, source, trainer, rollout, tracker, specs.advantage, output_dir)
+    if inputs.state is not None:
+        restore(comps, inputs.state)
+    return comps

@@ -1,0 +1,95 @@
+"""What both builders (in-process and Ray) do before they part, and how they finish: one copy of each.
+
+Data is loaded before any model is built, so a bad data file fails in a second, not after a model load.
+A checkpoint to resume from is resolved and its state read here; each builder restores it once its
+Components exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from slime_hydra.agent.hook import check_sample_overrides, wrap_rollout
+from slime_hydra.config.plugins import load_target
+from slime_hydra.config.schema import ModelConfig, RunConfig
+from slime_hydra.config.validate import eval_datasets
+from slime_hydra.data.buffer import DataBuffer
+from slime_hydra.data.dataset import Prompt, load_prompts
+from slime_hydra.engine import checkpoint as ckpt
+from slime_hydra.engine.components import Components
+from slime_hydra.engine.steps import EvalSet, eval_sampling, rollout_sampling
+from slime_hydra.errors import ConfigError
+from slime_hydra.models.build import build_tokenizer
+from slime_hydra.rewards.compute import RewardScorer
+from slime_hydra.rollout.base import RolloutBackend
+from slime_hydra.runtime import seed_everything
+from slime_hydra.tracking.base import Tracker, build_tracker
+from slime_hydra.training.base import TrainBackend
+from slime_hydra.training.specs import AdvantageSpec
+from slime_hydra.types import SamplingParams
+
+
+@dataclass
+class Inputs:
+    tokenizer: object
+    sampling: SamplingParams
+    train_prompts: list[Prompt]
+    eval_sets: dict[str, EvalSet]
+    metadatas: list[dict]  # every prompt's, train then eval: per-sample generate hooks
+    resume: Optional[Path]  # the checkpoint `load` resolves to
+    model: ModelConfig  # cfg.model, pointed at the checkpoint when resuming
+    state: Optional[dict]  # its engine state (engine/state.py)
+
+
+def load_data(cfg: RunConfig, tokenizer) -> list[Prompt]:
+    d = cfg.data
+    return load_prompts(d.prompt_data, tokenizer, input_key=d.input_key, label_key=d.label_key,
+                        metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template,
+                        max_prompt_len=d.rollout_max_prompt_len, what="data.prompt_data", tool_key=d.tool_key,
+                        on_bad_row=d.on_bad_row)
+
+
+def build_eval_sets(cfg: RunConfig, tokenizer, sampling: SamplingParams) -> dict[str, EvalSet]:
+    d, sets = cfg.data, {}
+    for name, ds in eval_datasets(cfg).items():
+        prompts = load_prompts(ds.path, tokenizer, input_key=ds.input_key, label_key=ds.label_key,
+                               metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template,
+                               max_prompt_len=d.rollout_max_prompt_len, what=f"eval.eval_prompt_data.{name}",
+                               tool_key=d.tool_key, on_bad_row=d.on_bad_row, key_prefix=f"eval.eval_prompt_data.{name}")
+        scorer = RewardScorer(dataclasses.replace(cfg.reward, rm_type=ds.rm_type), cfg.eval.eval_reward_key)
+        sets[name] = EvalSet(prompts, eval_sampling(ds, sampling), ds.n_samples_per_eval_prompt, scorer)
+    return sets
+
+
+def prepare(cfg: RunConfig) -> Inputs:
+    """Seed, tokenizer, data and eval sets (their per-sample hooks checked), and the checkpoint to resume."""
+    seed_everything(cfg.seed)
+    tokenizer = build_tokenizer(cfg.model)
+    sampling = rollout_sampling(cfg.rollout, (tokenizer.eos_token_id,))
+    train_prompts, eval_sets = load_data(cfg, tokenizer), build_eval_sets(cfg, tokenizer, sampling)
+    metadatas = [p.metadata for p in train_prompts] + [p.metadata for es in eval_sets.values() for p in es.prompts]
+    if problems := check_sample_overrides(metadatas, "data"):  # per-sample generate hooks, before any model
+        raise ConfigError(problems)
+    resume = ckpt.resolve_checkpoint(cfg.load) if cfg.load else None
+    model = cfg.model if resume is None else dataclasses.replace(cfg.model, hf_checkpoint=str(resume))
+    state = ckpt.load_state(resume) if resume else None
+    return Inputs(tokenizer, sampling, train_prompts, eval_sets, metadatas, resume, model, state)
+
+
+def make_tracker(cfg: RunConfig, inputs: Inputs, output_dir: str, parent_run_id: Optional[str]) -> Tracker:
+    """A resumed run logs into its own tracker run again."""
+    return build_tracker(cfg.logger, cfg.experiment_name, output_dir, resume_run_id=(inputs.state or {}).get("tracker_run_id"),
+                         parent_run_id=parent_run_id)
+
+
+def assemble(cfg: RunConfig, inputs: Inputs, source, trainer: TrainBackend, rollout: RolloutBackend, tracker: Tracker,
+             advantage: AdvantageSpec, output_dir: str) -> Components:
+    """The loop's Components; the rollout backend wrapped by the generate hook (rollout.custom_generate), if any."""
+    rollout = wrap_rollout(rollout, inputs.tokenizer, cfg.rollout.custom_generate, cfg.rollout.max_turns, inputs.metadatas)
+    return Components(inputs.tokenizer, inputs.train_prompts, inputs.eval_sets, source, trainer, rollout,
+                      RewardScorer(cfg.reward), tracker, inputs.sampling, advantage, output_dir=output_dir,
+                      resumed_from=inputs.resume,
+                      buffer=DataBuffer(source, load_target(cfg.rollout.buffer_filter)))
