@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def run_one(seed: int, mode: str, num_rollout: int) -> dict:
     from slime_hydra.config.preflight import compose_run
-    from slime_hydra.engine import async_loop, loop
+    from slime_hydra.engine import loop
     from slime_hydra.engine.build import build
 
     cfg = compose_run(["logger=none", "logger.progress_bar=false", f"num_rollout={num_rollout}", f"seed={seed}",
@@ -28,7 +28,7 @@ def run_one(seed: int, mode: str, num_rollout: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_async_") as tmp:
         c = build(cfg, tmp)
         try:
-            history = (async_loop if mode == "async" else loop).run(cfg, c, os.path.join(tmp, "checkpoints"))
+            history = loop.run(cfg, c, os.path.join(tmp, "checkpoints"))
         finally:
             c.tracker.close("FINISHED")
             c.rollout.shutdown()

@@ -1,6 +1,6 @@
 """(GPU) train_mode=sync vs train_mode=async with the SGLang rollout on one GPU (issue 8's H200 comparison).
 
-What runs: the real engine loops (`engine/loop.py`, `engine/async_loop.py`) over components from
+What runs: the real engine loop (`engine/loop.py`, its feeds in `engine/feeds.py`) over components from
 `engine/build.py`, in one process. The SGLang engine (server + sglang-router, colocated with the torch
 trainer on the GPU, engine memory kept) starts once and serves every mode in `--order`: a start-up of
 ~1-2 minutes is paid once, not per mode. Each mode starts from the same state: the initial weights
@@ -130,7 +130,8 @@ def fresh_components(cfg, c, init_state: dict, out: Path):
     from slime_hydra.config.plugins import load_target
     from slime_hydra.data.buffer import DataBuffer
     from slime_hydra.data.source import PromptSource
-    from slime_hydra.engine.build import Components, build_trainer, pick_device, seed_everything
+    from slime_hydra.engine.build import build_trainer, pick_device, seed_everything
+    from slime_hydra.engine.components import Components
     from slime_hydra.rewards.compute import RewardScorer
     from slime_hydra.tracking.base import NullTracker
 
@@ -150,11 +151,11 @@ def fresh_components(cfg, c, init_state: dict, out: Path):
 
 
 def run_mode(cfg, c, mode: str, out: Path, order: int) -> dict:
-    from slime_hydra.engine import async_loop, loop
+    from slime_hydra.engine import loop
 
     util = GpuUtil(out / f"gpu_util_{order}_{mode}.csv")
     t = time.perf_counter()
-    history = (async_loop if mode == "async" else loop).run(cfg, c, str(out / "checkpoints"))
+    history = loop.run(cfg, c, str(out / "checkpoints"))
     wall = time.perf_counter() - t
     gpu = util.stop()
     rows = {step: {k: m[k] for k in KEYS if k in m} for step, m in history if "perf/step_time_s" in m}
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import slime_hydra.engine.build as B
     from slime_hydra.config.preflight import compose_run
-    from slime_hydra.engine import async_loop, loop  # noqa: F401 - imported here so the import time counts
+    from slime_hydra.engine import loop  # noqa: F401 - imported here so the import time counts
 
     res["startup"]["imports_s"] = time.perf_counter() - t
     t = time.perf_counter()

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -21,38 +19,15 @@ from slime_hydra.config.plugins import load_target
 from slime_hydra.data.buffer import DataBuffer
 from slime_hydra.data.source import PromptSource
 from slime_hydra.engine import checkpoint as ckpt
+from slime_hydra.engine.components import Components, restore
 from slime_hydra.config.validate import eval_datasets
 from slime_hydra.errors import ConfigError
 from slime_hydra.engine.steps import EvalSet, eval_sampling, rollout_sampling
 from slime_hydra.models.build import build_model, build_tokenizer
 from slime_hydra.rewards.compute import RewardScorer
-from slime_hydra.rollout.base import RolloutBackend
-from slime_hydra.tracking.base import Tracker, build_tracker
-from slime_hydra.training.base import DistCheckpointing, TrainBackend
+from slime_hydra.protocols import RolloutBackend, TrainBackend
+from slime_hydra.tracking.base import build_tracker
 from slime_hydra.types import SamplingParams
-
-
-@dataclass
-class Components:
-    tokenizer: object
-    train_prompts: list[Prompt]
-    eval_sets: dict[str, EvalSet]
-    source: PromptSource
-    trainer: TrainBackend
-    rollout: RolloutBackend
-    scorer: RewardScorer
-    tracker: Tracker
-    sampling: SamplingParams
-    output_dir: str = "."
-    start_rollout: int = 0
-    history: list = field(default_factory=list)
-    resumed_from: Optional[Path] = None
-    buffer: Optional[DataBuffer] = None  # None: a first-in first-out buffer over `source`
-    ready: dict = field(default_factory=dict)  # async: finished rollouts restored from a checkpoint, trained first
-
-    def __post_init__(self):
-        if self.buffer is None:
-            self.buffer = DataBuffer(self.source)
 
 
 def pick_device(name: str) -> torch.device:
@@ -148,26 +123,3 @@ def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) 
     if state is not None:
         restore(comps, state)
     return comps
-
-
-def engine_state(c: Components, rollout_id: int) -> dict:
-    trainer = None if isinstance(c.trainer, DistCheckpointing) else c.trainer.state_dict()  # megatron: <ckpt>/megatron/
-    return {"rollout_id": rollout_id, "trainer": trainer, "rollout": c.rollout.state_dict(),
-            "source": c.source.state_dict(), "buffer": c.buffer.state_dict(), "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
-            "history": c.history, "tracker_run_id": c.tracker.run_id}
-
-
-def restore(c: Components, state: dict) -> None:
-    if isinstance(c.trainer, DistCheckpointing):
-        c.trainer.load_checkpoint(str(c.resumed_from))
-    else:
-        c.trainer.load_state_dict(state["trainer"])
-    c.rollout.load_state_dict(state["rollout"])
-    c.source.load_state_dict(state["source"])
-    if "buffer" in state:
-        c.buffer.load_state_dict(state["buffer"])
-    c.ready = {k: state[k] for k in ("async_ready", "async_published_version") if k in state}
-    torch.set_rng_state(state["torch_rng"])
-    random.setstate(state["python_rng"])
-    c.history = list(state["history"])
-    c.start_rollout = state["rollout_id"] + 1

@@ -43,7 +43,7 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 def watchdog(cfg: RunConfig, c, out: Path, save_dir: str):
     if not cfg.stall_watchdog:
         return contextlib.nullcontext()
-    return StallWatchdog(lambda: len(c.history), cfg.stall_timeout_factor, cfg.stall_min_timeout_s,
+    return StallWatchdog(lambda: len(c.state.history), cfg.stall_timeout_factor, cfg.stall_min_timeout_s,
                          out / "stall_stacks.txt", lambda: resume_hint(save_dir))
 
 
@@ -51,7 +51,7 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_ru
     """Runs and returns the summary (metric -> first/last/max)."""
     from slime_hydra.engine import report
     from slime_hydra.engine.build import build
-    from slime_hydra.engine import async_loop, loop
+    from slime_hydra.engine import loop
 
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -67,15 +67,14 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_ru
             skipped = {"data/skipped_rows": getattr(c.train_prompts, "skipped_rows", 0)}
             skipped |= {f"eval/{n}/skipped_rows": getattr(s.prompts, "skipped_rows", 0) for n, s in c.eval_sets.items()}
             c.tracker.log_metrics(skipped, 0)
-            c.history.append((0, skipped))
+            c.state.history.append((0, skipped))
     c.tracker.set_tags({"experiment_name": cfg.experiment_name, "git_sha": meta["git_sha"], "overrides": meta["overrides"] or "(none)",
                         "output_dir": str(out)})
     status = "FAILED"
     try:
-        run = async_loop.run if cfg.train_mode == "async" else loop.run
         save_dir = cfg.save or str(out / "checkpoints")
         with watchdog(cfg, c, out, save_dir):
-            history = run(cfg, c, save_dir)
+            history = loop.run(cfg, c, save_dir)
         summary = report.summarize(history)
         print("\n" + report.summary_table(summary), flush=True)
         for path in (out / "composed_config.yaml", report.plot_curves(history, out / "reward_curve.png"),

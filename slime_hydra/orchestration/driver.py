@@ -19,7 +19,8 @@ from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.data.buffer import DataBuffer
 from slime_hydra.engine import checkpoint as ckpt
-from slime_hydra.engine.build import Components, build_eval_sets, load_data, restore, seed_everything
+from slime_hydra.engine.build import build_eval_sets, load_data, seed_everything
+from slime_hydra.engine.components import Components, restore
 from slime_hydra.engine.checkpoint import resume_hint
 from slime_hydra.engine.steps import rollout_sampling
 from slime_hydra.errors import ConfigError, UserError
