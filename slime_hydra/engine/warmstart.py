@@ -18,6 +18,7 @@ import torch
 from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import WarmStartConfig
 from slime_hydra.data.dataset import Prompt
+from slime_hydra.engine.components import Components
 from slime_hydra.engine.steps import EvalSet, evaluate
 from slime_hydra.protocols import RolloutBackend, Scorer, TrainBackend
 from slime_hydra.training.batch import collate
@@ -77,8 +78,8 @@ def accuracy_check(trainer: TrainBackend, rollout: RolloutBackend, prompts: list
     return check
 
 
-def run_warm_start(w: WarmStartConfig, c, seed: int) -> dict[str, float]:
-    """The engine's warm start (c: engine.build.Components): its metrics at step 0."""
+def run_warm_start(w: WarmStartConfig, c: Components, seed: int) -> dict[str, float]:
+    """The engine's warm start: its metrics at step 0."""
     t0 = time.perf_counter()
     check = None
     if w.target_train_accuracy is not None:
