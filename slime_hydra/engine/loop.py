@@ -51,8 +51,8 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
             s.history.append((step, metrics))
             bar.update(metrics)
             if due(step, cfg.save_interval, cfg.num_rollout):  # save, with what the feed holds (drained first)
-                state = feed.state_dict()
-                state = engine_state(c, rollout_id) | state
+                held = feed.state_dict()  # first: it drains the generation, so the buffer is at rest
+                state = engine_state(c, rollout_id) | held
                 ckpt.save_checkpoint(save_dir, rollout_id, ckpt.trainer_files(c.trainer, c.tokenizer), state)
     finally:
         feed.close()
