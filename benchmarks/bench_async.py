@@ -21,14 +21,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def run_one(seed: int, mode: str, num_rollout: int) -> dict:
     from slime_hydra.app.build import build
     from slime_hydra.app.preflight import compose_run
-    from slime_hydra.engine import async_loop, loop
+    from slime_hydra.engine import loop
 
     cfg = compose_run(["logger=none", "logger.progress_bar=false", f"num_rollout={num_rollout}", f"seed={seed}",
                        f"train_mode={mode}", f"eval.eval_interval={num_rollout}"])
     with tempfile.TemporaryDirectory(prefix="bench_async_") as tmp:
         c = build(cfg, tmp)
         try:
-            history = (async_loop if mode == "async" else loop).run(cfg, c, os.path.join(tmp, "checkpoints"))
+            history = loop.run(cfg, c, os.path.join(tmp, "checkpoints"))
         finally:
             c.tracker.close("FINISHED")
             c.rollout.shutdown()

@@ -1,6 +1,6 @@
 """(GPU) train_mode=sync vs train_mode=async with the SGLang rollout on one GPU (issue 8's H200 comparison).
 
-What runs: the real engine loops (`engine/loop.py`, `engine/async_loop.py`) over components from
+What runs: the real engine loop (`engine/loop.py`, its feeds in `engine/feeds.py`) over components from
 `app/build.py`, in one process. The SGLang engine (server + sglang-router, colocated with the torch
 trainer on the GPU, engine memory kept) starts once and serves every mode in `--order`: a start-up of
 ~1-2 minutes is paid once, not per mode. Each mode starts from the same state: the initial weights
@@ -154,11 +154,11 @@ def fresh_components(cfg, c, init_state: dict, out: Path):
 
 
 def run_mode(cfg, c, mode: str, out: Path, order: int) -> dict:
-    from slime_hydra.engine import async_loop, loop
+    from slime_hydra.engine import loop
 
     util = GpuUtil(out / f"gpu_util_{order}_{mode}.csv")
     t = time.perf_counter()
-    history = (async_loop if mode == "async" else loop).run(cfg, c, str(out / "checkpoints"))
+    history = loop.run(cfg, c, str(out / "checkpoints"))
     wall = time.perf_counter() - t
     gpu = util.stop()
     rows = {step: {k: m[k] for k in KEYS if k in m} for step, m in history if "perf/step_time_s" in m}
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
     import slime_hydra.app.build as B
     import slime_hydra.app.inputs as I
     from slime_hydra.app.preflight import compose_run
-    from slime_hydra.engine import async_loop, loop  # noqa: F401 - imported here so the import time counts
+    from slime_hydra.engine import loop  # noqa: F401 - imported here so the import time counts
 
     res["startup"]["imports_s"] = time.perf_counter() - t
     t = time.perf_counter()

@@ -110,7 +110,7 @@ def run_slime_hydra(ckpt: str, steps: int, out_dir: Path, seed: int | None = Non
         for first, last in ((0, steps // 2), (steps // 2, steps)) if between else ((0, steps),):
             if first:
                 between()
-            c.start_rollout, cfg.num_rollout = first, last
+            c.state.start_rollout, cfg.num_rollout = first, last
             cpu0 = time.process_time()
             history = run(cfg, c, str(out_dir / "checkpoints"))
             cpu_s += time.process_time() - cpu0

@@ -70,7 +70,7 @@ def flops_per_token(m, seq: int, vocab: int) -> float:
 
 
 def batch(n: int, seq: int, vocab: int):
-    from slime_hydra.training.base import TrainBatch
+    from slime_hydra.protocols import TrainBatch
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (n, seq + 1), generator=g)

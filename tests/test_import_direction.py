@@ -25,7 +25,7 @@ FLOORS: list[tuple[str, ...]] = [  # top first
     ("engine", "orchestration"),
     ("training", "rollout", "agent"),
     ("algorithms", "rewards", "data", "models", "tracking"),
-    ("config", "types", "errors", "aio", "runtime", "__init__"),
+    ("config", "types", "protocols", "errors", "aio", "runtime", "__init__"),
 ]
 HEIGHT = {part: len(FLOORS) - i for i, parts in enumerate(FLOORS) for part in parts}
 

@@ -73,7 +73,7 @@ def test_layout_the_cluster_cannot_hold_exits_2_before_any_actor(ray_cluster, wo
 
 
 def _batch(n: int, t: int, vocab: int, seed: int):
-    from slime_hydra.training.base import TrainBatch
+    from slime_hydra.protocols import TrainBatch
 
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab, (n, t + 1), generator=g)

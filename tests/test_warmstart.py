@@ -91,7 +91,7 @@ def test_target_lands_in_a_band_where_a_fixed_step_count_does_not(tmp_path):
     c.tracker.log_metrics = lambda m, step: logged.append(m)
     prepare(cfg, c)
     c.rollout.shutdown()
-    w, heldout = logged[0], c.history[0][1]["eval/addition/accuracy"]
+    w, heldout = logged[0], c.state.history[0][1]["eval/addition/accuracy"]
     assert w["warmstart/train_accuracy"] >= 0.3 and w["warmstart/steps"] % 5 == 0 and w["warmstart/steps"] < 1000, w
     assert 0.2 <= heldout <= 0.5, heldout
 

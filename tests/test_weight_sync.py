@@ -90,7 +90,7 @@ def short_run(tmp_path_factory):
     real sqlite MLflow store. The engine stays up for the tests."""
     from slime_hydra.app.build import build
     from slime_hydra.app.preflight import compose_run
-    from slime_hydra.engine import async_loop, loop
+    from slime_hydra.engine import loop
     from tests.conftest import mlflow_db
 
     out = tmp_path_factory.mktemp("weight_sync")
@@ -101,8 +101,8 @@ def short_run(tmp_path_factory):
         history = loop.run(cfg, c, str(out / "ckpt"))
         cfg_async = compose_run([EXPERIMENT, *SHORT, f"num_rollout={NUM_ROLLOUT + ASYNC_ROLLOUTS}", "train_mode=async",
                                  f"logger.tracking_uri={db}"])
-        c.start_rollout = NUM_ROLLOUT
-        async_loop.run(cfg_async, c, str(out / "ckpt"))
+        c.state.start_rollout = NUM_ROLLOUT
+        loop.run(cfg_async, c, str(out / "ckpt"))
         yield cfg, c, history, db, c.rollout.weight_version
     finally:
         c.tracker.close("FINISHED")

@@ -28,7 +28,10 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Optional
 
+import torch
+
 from slime_hydra.config.plugins import check_target, import_target
+from slime_hydra.protocols import RolloutBackend
 from slime_hydra.types import Sample, SamplingParams, Status
 
 HOOK_KWARGS = ("generate", "tokenizer", "sampling", "max_turns")
@@ -155,7 +158,7 @@ class BatchedGenerate:
 class AgentRollout:
     """A RolloutBackend that runs each sample through its generate hook over the wrapped backend."""
 
-    def __init__(self, backend, tokenizer, default_hook: Optional[dict], max_turns: int):
+    def __init__(self, backend: RolloutBackend, tokenizer, default_hook: Optional[dict], max_turns: int):
         self.backend = backend
         self.tokenizer = tokenizer
         self.default_hook = load_hook(default_hook) if default_hook else None
@@ -194,16 +197,18 @@ class AgentRollout:
         samples[:] = [replaced.get(id(s), s) for s in samples]
         return samples
 
-    def __getattr__(self, name: str):  # the backend's other methods (abort, ...) pass through
-        if name == "backend":
-            raise AttributeError(name)
-        return getattr(self.backend, name)
+    @property
+    def cooperative(self) -> bool:  # the hooks' turns run on the wrapped backend's decode steps
+        return self.backend.cooperative
 
-    def abort(self) -> None:  # the Protocol's; explicit, not through __getattr__ (partial rollout calls it)
+    def abort(self) -> None:
         self.backend.abort()
 
-    def update_weights(self, named_tensors, version: int) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         self.backend.update_weights(named_tensors, version)
+
+    def metrics(self) -> dict[str, float]:
+        return self.backend.metrics()
 
     def state_dict(self) -> dict:
         return self.backend.state_dict()

@@ -16,14 +16,12 @@ from slime_hydra.app.build_ray import build_ray
 from slime_hydra.app.inputs import assemble, make_tracker, prepare
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.data.source import PromptSource
-from slime_hydra.engine.components import Components
-from slime_hydra.engine.state import restore
+from slime_hydra.engine.components import Components, restore
 from slime_hydra.models.build import build_model
-from slime_hydra.rollout.base import RolloutBackend
+from slime_hydra.protocols import RolloutBackend, TrainBackend
 from slime_hydra.rollout.local import LocalRollout
 from slime_hydra.rollout.sglang.checks import num_engines
 from slime_hydra.runtime import pick_device
-from slime_hydra.training.base import TrainBackend
 from slime_hydra.training.specs import AlgorithmSpecs
 from slime_hydra.training.torch_backend import TorchTrainBackend
 

@@ -19,8 +19,7 @@ from slime_hydra.app.algorithm import run_specs
 from slime_hydra.app.inputs import assemble, make_tracker, prepare
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.engine.checkpoint import resume_hint
-from slime_hydra.engine.components import Components
-from slime_hydra.engine.state import restore
+from slime_hydra.engine.components import Components, restore
 from slime_hydra.training.specs import AlgorithmSpecs
 
 

@@ -23,11 +23,10 @@ from slime_hydra.engine.components import Components
 from slime_hydra.engine.steps import EvalSet, eval_sampling, rollout_sampling
 from slime_hydra.errors import ConfigError
 from slime_hydra.models.build import build_tokenizer
+from slime_hydra.protocols import RolloutBackend, Tracker, TrainBackend
 from slime_hydra.rewards.compute import RewardScorer
-from slime_hydra.rollout.base import RolloutBackend
 from slime_hydra.runtime import seed_everything
-from slime_hydra.tracking.base import Tracker, build_tracker
-from slime_hydra.training.base import TrainBackend
+from slime_hydra.tracking.base import build_tracker
 from slime_hydra.training.specs import AdvantageSpec
 from slime_hydra.types import SamplingParams
 
@@ -41,7 +40,7 @@ class Inputs:
     metadatas: list[dict]  # every prompt's, train then eval: per-sample generate hooks
     resume: Optional[Path]  # the checkpoint `load` resolves to
     model: ModelConfig  # cfg.model, pointed at the checkpoint when resuming
-    state: Optional[dict]  # its engine state (engine/state.py)
+    state: Optional[dict]  # its engine state (engine/components.engine_state)
 
 
 def load_data(cfg: RunConfig, tokenizer) -> list[Prompt]:

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from slime_hydra.app.build import build
 from slime_hydra.app.preflight import validate_composed
 from slime_hydra.config.schema import RunConfig
-from slime_hydra.engine import async_loop, loop, report
+from slime_hydra.engine import loop, report
 from slime_hydra.engine.checkpoint import resume_hint
 from slime_hydra.engine.watchdog import StallWatchdog
 from slime_hydra.errors import ConfigError
@@ -48,7 +48,7 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 def watchdog(cfg: RunConfig, c, out: Path, save_dir: str):
     if not cfg.stall_watchdog:
         return contextlib.nullcontext()
-    return StallWatchdog(lambda: len(c.history), cfg.stall_timeout_factor, cfg.stall_min_timeout_s,
+    return StallWatchdog(lambda: len(c.state.history), cfg.stall_timeout_factor, cfg.stall_min_timeout_s,
                          out / "stall_stacks.txt", lambda: resume_hint(save_dir))
 
 
@@ -68,15 +68,14 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_ru
             skipped = {"data/skipped_rows": getattr(c.train_prompts, "skipped_rows", 0)}
             skipped |= {f"eval/{n}/skipped_rows": getattr(s.prompts, "skipped_rows", 0) for n, s in c.eval_sets.items()}
             c.tracker.log_metrics(skipped, 0)
-            c.history.append((0, skipped))
+            c.state.history.append((0, skipped))
     c.tracker.set_tags({"experiment_name": cfg.experiment_name, "git_sha": meta["git_sha"], "overrides": meta["overrides"] or "(none)",
                         "output_dir": str(out)})
     status = "FAILED"
     try:
-        run = async_loop.run if cfg.train_mode == "async" else loop.run
         save_dir = cfg.save or str(out / "checkpoints")
         with watchdog(cfg, c, out, save_dir):
-            history = run(cfg, c, save_dir)
+            history = loop.run(cfg, c, save_dir)
         summary = report.summarize(history)
         print("\n" + report.summary_table(summary), flush=True)
         for path in (out / "composed_config.yaml", report.plot_curves(history, out / "reward_curve.png"),

@@ -414,11 +414,11 @@ class RunConfig:
     num_rollout: Optional[int] = None
     num_epoch: Optional[int] = None  # with num_rollout unset: num_rollout = num_epoch × prompts // rollout_batch_size
     # sync: generate rollout k, then train on it. async (slime's train_async.py): generation of rollout k+1
-    # runs while training on rollout k (slime_hydra/engine/async_loop.py)
+    # runs while training on rollout k (slime_hydra/engine/feeds.py: AheadGenerator)
     train_mode: str = "sync"
     async_buffer_size: int = 1  # async: rollouts that may be generated ahead of training (their staleness bound)
     # async: seconds one rollout generated ahead may take from the start of its generation before the run stops (exit 3)
-    # naming it; the trainer's waits on the generation worker (engine/async_loop.py) have no other deadline
+    # naming it; the trainer's waits on the generation worker (engine/feeds.py) have no other deadline
     async_rollout_timeout_s: float = 3600.0
     update_weights_interval: int = 1  # rollouts between weight syncs to the rollout engine, never mid-generation
     # a directory: each rollout's samples (kept and dropped) go to rollout_NNNNNN.jsonl in it; or a path

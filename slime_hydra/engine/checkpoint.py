@@ -1,7 +1,7 @@
 """Checkpoints that survive the machine: HF weights (loadable by `from_pretrained`) plus the exact state to resume.
 
 Layout: <save>/rollout_000010/{model.safetensors, config.json, tokenizer.json, ..., state.pt, manifest.json}
-and <save>/latest naming the newest one. A DistCheckpointing trainer (train.backend=megatron) adds its
+and <save>/latest naming the newest one. A trainer with its own checkpoint format (train.backend=megatron) adds its
 own `megatron/` directory (model, optimizer, reference in megatron's distributed format) inside the same
 checkpoint directory and keeps its state out of state.pt.
 
@@ -36,6 +36,7 @@ import torch
 
 from slime_hydra.engine import checkpoint_verify as verify
 from slime_hydra.errors import UserError
+from slime_hydra.protocols import TrainBackend
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +52,12 @@ def checkpoint_name(rollout_id: int) -> str:
     return f"rollout_{rollout_id:06d}"
 
 
-def trainer_files(trainer, tokenizer):
+def trainer_files(trainer: TrainBackend, tokenizer):
     """The `write_hf` of save_checkpoint: HF weights + tokenizer, and the trainer's own checkpoint if it has one."""
-    from slime_hydra.training.base import DistCheckpointing
 
     def write(path: str) -> None:
         trainer.save_hf(path, tokenizer)
-        if isinstance(trainer, DistCheckpointing):
-            trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path)  # megatron's <ckpt>/megatron/; a no-op for a trainer whose state is in state.pt
 
     return write
 

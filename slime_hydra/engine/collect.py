@@ -21,8 +21,7 @@ from typing import Callable, Optional
 from slime_hydra.aio import run_sync
 from slime_hydra.data.buffer import DataBuffer, Group, is_done
 from slime_hydra.errors import RunError
-from slime_hydra.rewards.compute import RewardScorer
-from slime_hydra.rollout.base import RolloutBackend
+from slime_hydra.protocols import RolloutBackend, Scorer
 from slime_hydra.types import Sample, SamplingParams, Status
 
 
@@ -43,17 +42,17 @@ class Collected:
     dropped: list[tuple[Group, str]]  # for debug dumps
 
 
-def collect_rollout(rollout: RolloutBackend, buffer: DataBuffer, scorer: RewardScorer, sampling: SamplingParams,
+def collect_rollout(rollout: RolloutBackend, buffer: DataBuffer, scorer: Scorer, sampling: SamplingParams,
                     plan: RolloutPlan) -> Collected:
     return run_sync(_collect(rollout, buffer, scorer, sampling, plan))
 
 
-async def _collect(rollout, buffer: DataBuffer, scorer: RewardScorer, sampling: SamplingParams, plan: RolloutPlan) -> Collected:
+async def _collect(rollout: RolloutBackend, buffer: DataBuffer, scorer: Scorer, sampling: SamplingParams, plan: RolloutPlan) -> Collected:
     kept: list[Group] = []
     dropped: list[tuple[Group, str]] = []
     rounds = returned = partial = 0
     # a cooperative backend yields after every decode step: checking each time makes the abort point exact
-    poll = 0 if getattr(rollout, "cooperative", False) else 0.002
+    poll = 0 if rollout.cooperative else 0.002
     while len(kept) < plan.rollout_batch_size:
         rounds += 1
         if rounds > plan.max_rounds:
@@ -88,7 +87,7 @@ async def _collect(rollout, buffer: DataBuffer, scorer: RewardScorer, sampling: 
                 keep, reason = _judge(plan.dynamic_sampling_filter, g)
                 (kept.append(g) if keep else dropped.append((g, reason)))
             if len(kept) >= plan.rollout_batch_size:
-                abort(rollout)
+                rollout.abort()
                 break
             if task.done() and not finished:
                 break  # a backend that left samples unfinished without an abort: hand them back below
@@ -108,13 +107,6 @@ async def _collect(rollout, buffer: DataBuffer, scorer: RewardScorer, sampling: 
                "rollout/buffer_groups": float(len(buffer))}
     metrics |= {f"rollout/dynamic_sampling_dropped_{r}": float(n) for r, n in reasons.items()}
     return Collected([s for g in kept for s in g], metrics, dropped)
-
-
-def abort(rollout) -> None:
-    """Backends without abort (a wrapper that does not forward it) simply finish the round."""
-    fn = getattr(rollout, "abort", None)
-    if fn is not None:
-        fn()
 
 
 def _judge(fn: Optional[Callable], group: Group) -> tuple[bool, str]:

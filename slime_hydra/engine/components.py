@@ -1,42 +1,72 @@
-"""What the loop runs on: the built parts of one run, whichever builder (local or Ray) made them."""
+"""What the loop runs on: the run's wiring (`Components`) and what it carries from rollout to rollout (`LoopState`).
+
+Wiring is built once (app/build.py, app/build_ray.py) and typed by the Protocols of
+slime_hydra/protocols.py; loop state is what a checkpoint saves and a resume restores (`engine_state`,
+`restore`), nothing else.
+"""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
+
+import torch
 
 from slime_hydra.data.buffer import DataBuffer
 from slime_hydra.data.dataset import Prompt
 from slime_hydra.data.source import PromptSource
 from slime_hydra.engine.steps import EvalSet
-from slime_hydra.rewards.compute import RewardScorer
-from slime_hydra.rollout.base import RolloutBackend
-from slime_hydra.tracking.base import Tracker
-from slime_hydra.training.base import TrainBackend
+from slime_hydra.protocols import RolloutBackend, Scorer, Tracker, TrainBackend
 from slime_hydra.training.specs import AdvantageSpec
 from slime_hydra.types import SamplingParams
 
 
 @dataclass
+class LoopState:
+    start_rollout: int = 0  # the first rollout this run trains (a resumed run: the one after its checkpoint's)
+    history: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # (step, metrics) as logged
+    ahead: dict[str, Any] = field(default_factory=dict)  # async: the checkpoint's async_ready / async_published_version
+
+
+@dataclass
 class Components:
-    tokenizer: object
+    tokenizer: Any
     train_prompts: list[Prompt]
     eval_sets: dict[str, EvalSet]
     source: PromptSource
     trainer: TrainBackend
     rollout: RolloutBackend
-    scorer: RewardScorer
+    scorer: Scorer
     tracker: Tracker
     sampling: SamplingParams
     advantage: AdvantageSpec  # the advantage estimator, built by app/algorithm.py
     output_dir: str = "."
-    start_rollout: int = 0
-    history: list = field(default_factory=list)
     resumed_from: Optional[Path] = None
     buffer: Optional[DataBuffer] = None  # None: a first-in first-out buffer over `source`
-    ready: dict = field(default_factory=dict)  # async: finished rollouts restored from a checkpoint, trained first
+    state: LoopState = field(default_factory=LoopState)
 
     def __post_init__(self):
         if self.buffer is None:
             self.buffer = DataBuffer(self.source)
+
+
+def engine_state(c: Components, rollout_id: int) -> dict:
+    """state.pt's content after `rollout_id` (a trainer with its own checkpoint format gives None: <ckpt>/megatron/)."""
+    return {"rollout_id": rollout_id, "trainer": c.trainer.state_dict(), "rollout": c.rollout.state_dict(),
+            "source": c.source.state_dict(), "buffer": c.buffer.state_dict(), "torch_rng": torch.get_rng_state(),
+            "python_rng": random.getstate(), "history": c.state.history, "tracker_run_id": c.tracker.run_id}
+
+
+def restore(c: Components, state: dict) -> None:
+    c.trainer.load_checkpoint(str(c.resumed_from))  # megatron's own files; a no-op for a trainer whose state is in state.pt
+    c.trainer.load_state_dict(state["trainer"])  # None for megatron: a no-op there
+    c.rollout.load_state_dict(state["rollout"])
+    c.source.load_state_dict(state["source"])
+    if "buffer" in state:
+        c.buffer.load_state_dict(state["buffer"])
+    torch.set_rng_state(state["torch_rng"])
+    random.setstate(state["python_rng"])
+    c.state = LoopState(start_rollout=state["rollout_id"] + 1, history=list(state["history"]),
+                        ahead={k: state[k] for k in ("async_ready", "async_published_version") if k in state})

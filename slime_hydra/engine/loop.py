@@ -1,53 +1,74 @@
 """The engine loop: generate, reward, advantages, train, sync weights, log, eval, save.
 
 Everything else (what a backend is, how a loss aggregates, where metrics go) is decided by the
-components handed in; this file only orders the steps.
+components handed in; this file only orders the steps, for train_mode=sync and async alike: the two
+differ only in where the next rollout comes from (engine/feeds.py: generated when asked, or ahead).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.engine import checkpoint as ckpt
-from slime_hydra.engine.components import Components
-from slime_hydra.engine.state import engine_state
-from slime_hydra.engine.report import Progress
+from slime_hydra.engine.components import Components, engine_state
 from slime_hydra.engine.collect import collect_rollout, rollout_plan, weight_lag_metrics, write_rollout_data
+from slime_hydra.engine.feeds import AheadGenerator, RolloutFeed, SyncFeed
+from slime_hydra.engine.report import Progress
 from slime_hydra.engine.steps import advantages, evaluate, rollout_metrics
 from slime_hydra.engine.warmstart import run_warm_start
 
 
 def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[str, float]]]:
-    n, pad = cfg.rollout.n_samples_per_prompt, c.tokenizer.pad_token_id
-    if c.start_rollout == 0:
+    n, pad, s = cfg.rollout.n_samples_per_prompt, c.tokenizer.pad_token_id, c.state
+    if s.start_rollout == 0:
         prepare(cfg, c)
-    bar, plan = Progress(cfg.num_rollout, c.start_rollout, cfg.logger.progress_bar), rollout_plan(cfg.rollout)
-    for rollout_id in range(c.start_rollout, cfg.num_rollout):
-        step, t0 = rollout_id + 1, time.perf_counter()
-        got = collect_rollout(c.rollout, c.buffer, c.scorer, c.sampling, plan)  # generate, reward, dynamic sampling
-        samples, t1 = got.samples, time.perf_counter()
-        batch = advantages(samples, c.advantage, n, pad, c.trainer)  # advantages
-        t2 = time.perf_counter()
-        metrics = c.trainer.train_rollout(batch)  # train
-        t3 = time.perf_counter()
-        if due(step, cfg.update_weights_interval, cfg.num_rollout):
-            c.rollout.update_weights(c.trainer.named_weights(), version=step)  # sync weights
-        t4 = time.perf_counter()
-        metrics |= rollout_metrics(samples, n) | got.metrics | weight_lag_metrics(samples, rollout_id) | c.scorer.metrics()
-        metrics |= c.rollout.metrics() | perf_metrics(samples, t0, t1, t2, t3, t4)  # the backend's: sync requests, retries
-        if cfg.save_debug_rollout_data:
-            write_rollout_data(cfg.save_debug_rollout_data, rollout_id, got)
-        if due(step, cfg.eval.eval_interval, cfg.num_rollout) and c.eval_sets:  # eval
-            metrics |= run_eval(cfg, c, step)
-        c.tracker.log_metrics(metrics, step)  # log
-        c.history.append((step, metrics))
-        bar.update(metrics)
-        if due(step, cfg.save_interval, cfg.num_rollout):  # save
-            ckpt.save_checkpoint(save_dir, rollout_id, ckpt.trainer_files(c.trainer, c.tokenizer), engine_state(c, rollout_id))
-    bar.close()
-    return c.history
+    feed = open_feed(cfg, c, save_dir)
+    bar = Progress(cfg.num_rollout, s.start_rollout, cfg.logger.progress_bar)
+    try:
+        for rollout_id in range(s.start_rollout, cfg.num_rollout):
+            step, t0 = rollout_id + 1, time.perf_counter()
+            got = feed.next(rollout_id)  # generate, reward, dynamic sampling (async: waits for the one generated ahead)
+            samples, t1 = got.samples, time.perf_counter()
+            batch = advantages(samples, c.advantage, n, pad, c.trainer)  # advantages
+            t2 = time.perf_counter()
+            metrics = c.trainer.train_rollout(batch)  # train
+            t3 = time.perf_counter()
+            if due(step, cfg.update_weights_interval, cfg.num_rollout):
+                feed.update_weights(c.trainer.named_weights(), step)  # sync weights (async: before its next generation)
+            t4 = time.perf_counter()
+            metrics |= rollout_metrics(samples, n) | got.metrics | weight_lag_metrics(samples, rollout_id) | c.scorer.metrics()
+            # the backend's figures (sync requests, retries), the step's timings, the feed's (async: wait, generation rate)
+            metrics |= c.rollout.metrics() | perf_metrics(samples, t0, t1, t2, t3, t4) | feed.metrics(got, t1 - t0)
+            if cfg.save_debug_rollout_data:
+                write_rollout_data(cfg.save_debug_rollout_data, rollout_id, got)
+            if due(step, cfg.eval.eval_interval, cfg.num_rollout) and c.eval_sets:  # eval, on the latest weights
+                feed.settle()
+                metrics |= run_eval(cfg, c, step)
+            c.tracker.log_metrics(metrics, step)  # log
+            s.history.append((step, metrics))
+            bar.update(metrics)
+            if due(step, cfg.save_interval, cfg.num_rollout):  # save, with what the feed holds (drained first)
+                held = feed.state_dict()  # first: it drains the generation, so the buffer is at rest
+                state = engine_state(c, rollout_id) | held
+                ckpt.save_checkpoint(save_dir, rollout_id, ckpt.trainer_files(c.trainer, c.tokenizer), state)
+    finally:
+        feed.close()
+        bar.close()
+    return s.history
+
+
+def open_feed(cfg: RunConfig, c: Components, save_dir: str) -> RolloutFeed:
+    collect = functools.partial(collect_rollout, c.rollout, c.buffer, c.scorer, c.sampling, rollout_plan(cfg.rollout))
+    if cfg.train_mode != "async":
+        return SyncFeed(c.rollout, collect)
+    version = c.state.ahead.get("async_published_version")  # resumed: published weights the worker had not applied
+    return AheadGenerator(c.rollout, collect, num_rollout=cfg.num_rollout, buffer_size=cfg.async_buffer_size,
+                          timeout_s=cfg.async_rollout_timeout_s, resume_hint=lambda: ckpt.resume_hint(save_dir),
+                          first_rollout_id=c.state.start_rollout, ready=c.state.ahead.get("async_ready", []),
+                          published=None if version is None else (c.trainer.named_weights(), version))
 
 
 def prepare(cfg: RunConfig, c: Components) -> None:
@@ -59,7 +80,7 @@ def prepare(cfg: RunConfig, c: Components) -> None:
     if c.eval_sets and not cfg.eval.skip_eval_before_train:
         metrics = run_eval(cfg, c, 0)
         c.tracker.log_metrics(metrics, 0)
-        c.history.append((0, metrics))
+        c.state.history.append((0, metrics))
 
 
 def run_eval(cfg: RunConfig, c: Components, step: int) -> dict[str, float]:

@@ -17,9 +17,7 @@ from slime_hydra.algorithms.groups import tied_groups
 from slime_hydra.config.schema import EvalDatasetConfig, RolloutConfig
 from slime_hydra.data.dataset import Prompt
 from slime_hydra.data.source import prompt_group
-from slime_hydra.rewards.compute import RewardScorer
-from slime_hydra.rollout.base import RolloutBackend
-from slime_hydra.training.base import TrainBackend, TrainBatch
+from slime_hydra.protocols import RolloutBackend, Scorer, TrainBackend, TrainBatch
 from slime_hydra.training.batch import collate
 from slime_hydra.training.specs import AdvantageSpec
 from slime_hydra.types import Sample, SamplingParams, Status
@@ -71,7 +69,7 @@ class EvalSet:
     prompts: list[Prompt]
     sampling: SamplingParams
     n_samples: int
-    scorer: RewardScorer
+    scorer: Scorer
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

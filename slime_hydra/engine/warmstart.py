@@ -18,10 +18,9 @@ import torch
 from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import WarmStartConfig
 from slime_hydra.data.dataset import Prompt
+from slime_hydra.engine.components import Components
 from slime_hydra.engine.steps import EvalSet, evaluate
-from slime_hydra.rewards.compute import RewardScorer
-from slime_hydra.rollout.base import RolloutBackend
-from slime_hydra.training.base import TrainBackend
+from slime_hydra.protocols import RolloutBackend, Scorer, TrainBackend
 from slime_hydra.training.batch import collate
 from slime_hydra.types import Sample, SamplingParams
 
@@ -66,7 +65,7 @@ def warm_start(trainer: TrainBackend, prompts: list[Prompt], tokenizer, steps: i
     return out
 
 
-def accuracy_check(trainer: TrainBackend, rollout: RolloutBackend, prompts: list[Prompt], scorer: RewardScorer,
+def accuracy_check(trainer: TrainBackend, rollout: RolloutBackend, prompts: list[Prompt], scorer: Scorer,
                    sampling: SamplingParams) -> Callable[[], float]:
     """A check for `warm_start`: the trainer's current weights, synced to the rollout, answer `prompts` greedily
     (one sample each, `sampling` with top_k=1); the mean reward."""
@@ -79,8 +78,8 @@ def accuracy_check(trainer: TrainBackend, rollout: RolloutBackend, prompts: list
     return check
 
 
-def run_warm_start(w: WarmStartConfig, c, seed: int) -> dict[str, float]:
-    """The engine's warm start (c: engine.components.Components): its metrics at step 0."""
+def run_warm_start(w: WarmStartConfig, c: Components, seed: int) -> dict[str, float]:
+    """The engine's warm start: its metrics at step 0."""
     t0 = time.perf_counter()
     check = None
     if w.target_train_accuracy is not None:

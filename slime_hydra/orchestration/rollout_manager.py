@@ -116,6 +116,8 @@ class RolloutManager:
 class RemoteRollout:
     """The driver's RolloutBackend: every call goes to the manager."""
 
+    cooperative = False  # generate() awaits one actor call
+
     def __init__(self, manager, calls: RayCalls, on_shutdown=None):
         self.manager, self.calls = manager, calls
         self.weight_version = 0

@@ -25,8 +25,8 @@ import torch
 from slime_hydra.config.schema import ModelConfig
 from slime_hydra.orchestration.calls import RayCalls
 from slime_hydra.orchestration.placement import Layout, node_ip_and_free_port, on_bundle
+from slime_hydra.protocols import TrainBatch
 from slime_hydra.runtime import seed_everything
-from slime_hydra.training.base import TrainBatch
 from slime_hydra.training.specs import AlgorithmSpecs
 
 
@@ -146,6 +146,15 @@ class TrainGroup:
     def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
         return merge_metrics(self.calls.get(self.async_train(batch), "train step", self.labels))
 
+    def freeze_reference(self) -> None:
+        self._all("freeze_reference")
+
+    def end_warm_start(self) -> None:
+        self._all("end_warm_start")
+
+    def values(self, batch: TrainBatch) -> torch.Tensor:
+        return self._all("values", batch)
+
     def reward_kl(self, batch: TrainBatch) -> torch.Tensor:
         return self.calls.get(self.ranks[0].call.remote("reward_kl", batch), "reward_kl", ["rank 0"])
 
@@ -164,21 +173,17 @@ class TrainGroup:
     def load_state_dict(self, state: dict) -> None:
         self._all("load_state_dict", state)
 
+    def save_checkpoint(self, path: str) -> None:
+        """Nothing: the ranks are torch backends, whose resume state is rank 0's state_dict."""
+
+    def load_checkpoint(self, path: str) -> None:
+        """Nothing: see save_checkpoint."""
+
     def parameters(self, rank: int = 0) -> list[torch.Tensor]:
         return self.calls.get(self.ranks[rank].parameters.remote(), "parameters", [f"rank {rank}"])
 
     def _all(self, name: str, *args: Any) -> Any:
         return self.calls.get([r.call.remote(name, *args) for r in self.ranks], name, self.labels)[0]
-
-    def __getattr__(self, name: str):
-        """Other trainer methods (freeze_reference, end_warm_start, ...) run on every rank; rank 0 answers. Only
-        methods the ranks' DataParallelTorchBackend has: a structural check such as isinstance(group,
-        DistCheckpointing) must see the group as what its ranks are."""
-        from slime_hydra.training.distributed import DataParallelTorchBackend
-
-        if name.startswith("_") or name in ("ranks", "num_steps") or not callable(getattr(DataParallelTorchBackend, name, None)):
-            raise AttributeError(name)
-        return lambda *args: self._all(name, *args)
 
     def shutdown(self) -> None:
         """Bounded: a rank still stuck in the call that failed does not answer; it is killed all the same."""

@@ -1,28 +1,13 @@
-"""The tracker Protocol, the null tracker and the factory."""
+"""The null tracker and the factory (the Tracker Protocol: slime_hydra/protocols.py)."""
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from slime_hydra.config.schema import LoggerConfig
-
-
-class Tracker(Protocol):
-    run_id: str | None
-
-    def log_params(self, params: dict[str, object]) -> None: ...
-
-    def set_tags(self, tags: dict[str, str]) -> None: ...
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
-
-    def log_artifact(self, path: str, artifact_path: str | None = None) -> None: ...
-
-    def close(self, status: str = "FINISHED") -> None: ...
+from slime_hydra.protocols import Tracker
 
 
 class NullTracker:
-    run_id = None
+    run_id: str | None = None
 
     def log_params(self, params):
         pass

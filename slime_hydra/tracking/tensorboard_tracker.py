@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class TensorBoardTracker:
-    run_id = None
+    run_id: str | None = None
 
     def __init__(self, log_dir: str):
         from torch.utils.tensorboard import SummaryWriter

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from slime_hydra.training.base import TrainBatch
+from slime_hydra.protocols import TrainBatch
 from slime_hydra.types import Sample
 
 

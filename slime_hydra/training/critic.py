@@ -18,7 +18,7 @@ from torch import nn
 
 from slime_hydra.algorithms import losses as L
 from slime_hydra.algorithms.critic import value_loss
-from slime_hydra.training.base import TrainBatch
+from slime_hydra.protocols import TrainBatch
 from slime_hydra.training.microbatch import micro_batch_indices
 from slime_hydra.training.optim import adamw
 from slime_hydra.training.schedule import lr_multiplier

@@ -21,7 +21,8 @@ from typing import Iterator, Optional
 import torch
 
 from slime_hydra.algorithms import losses as L
-from slime_hydra.training.base import TrainBatch, shaping_kl
+from slime_hydra.protocols import TrainBatch
+from slime_hydra.training.base import shaping_kl
 from slime_hydra.training.critic import TorchCritic
 from slime_hydra.training.microbatch import micro_batch_indices
 from slime_hydra.training.optim import adamw
@@ -235,6 +236,12 @@ class TorchTrainBackend:
         if self.critic is not None:
             state["critic"] = self.critic.state_dict()
         return state
+
+    def save_checkpoint(self, path: str) -> None:
+        """Nothing beside the HF weights: the optimizer, scheduler, reference and critic travel in state_dict."""
+
+    def load_checkpoint(self, path: str) -> None:
+        """Nothing to read: see save_checkpoint."""
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])

@@ -28,7 +28,7 @@ def tiny_setup(overrides: list[str] = ()):
 
 def fixed_batch():
     """4 right-padded sequences of the char vocabulary, responses on the last positions, mixed advantages."""
-    from slime_hydra.training.base import TrainBatch
+    from slime_hydra.protocols import TrainBatch
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 59, (4, 14), generator=g)

@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 
 class SGLangRollout:
+    cooperative = False  # generate() awaits HTTP requests: collect polls for finished groups
+
     def __init__(self, cfg: RolloutConfig, model: torch.nn.Module, tokenizer, *, num_engines: int, tp_size: int,
                  seed: int, dtype: str, output_dir: str, colocate: bool, offload: bool, device: str):
         self.cfg, self.tokenizer, self.tp_size, self.dtype = cfg, tokenizer, tp_size, dtype

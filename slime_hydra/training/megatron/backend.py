@@ -9,8 +9,8 @@ TP/PP/DP layout. The micro-batch loss is the torch backend's (training/policy_lo
 GSPO / CISPO, TIS, KL loss, entropy, aggregation); only the log-probs differ in how they are
 computed (vocab-parallel, chunked: logprobs.py).
 Checkpoints: `save_checkpoint` / `load_checkpoint` write and read megatron's distributed format
-(checkpoint.py; any TP/PP layout); the engine's save/load go through them (training.base.DistCheckpointing:
-`<ckpt>/megatron/` beside the HF weights, nothing of the trainer in state.pt).
+(checkpoint.py; any TP/PP layout); the engine's save/load go through them (TrainBackend.save_checkpoint:
+`<ckpt>/megatron/` beside the HF weights; state_dict is None: nothing of the trainer in state.pt).
 Left out: context parallelism (the SDPA core attention is single-rank along the sequence) and
 expert parallelism (convert.py).
 """
@@ -32,7 +32,8 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from slime_hydra.algorithms import losses as L
 from slime_hydra.config.schema import MegatronConfig, ModelConfig, ParallelismConfig
-from slime_hydra.training.base import TrainBatch, shaping_kl
+from slime_hydra.protocols import TrainBatch
+from slime_hydra.training.base import shaping_kl
 from slime_hydra.training.megatron import convert
 from slime_hydra.training.megatron.logprobs import vocab_parallel_logprobs
 from slime_hydra.training.megatron.model import DTYPES, build_gpt, padded_vocab_size, transformer_config
@@ -360,6 +361,17 @@ class MegatronTrainBackend:
                 tokenizer.save_pretrained(str(out))
         if dist.get_world_size() > 1:
             dist.barrier()
+
+    def values(self, batch: TrainBatch) -> torch.Tensor:
+        raise NotImplementedError("train.backend=megatron has no critic (algorithm.advantage_estimator=ppo); "
+                                  "set train.backend=torch")
+
+    def state_dict(self) -> None:
+        """None: the whole resume state is save_checkpoint's `<ckpt>/megatron/` (nothing of the trainer in state.pt)."""
+        return None
+
+    def load_state_dict(self, state: Optional[dict]) -> None:
+        """Nothing: load_checkpoint reads it all."""
 
     def save_checkpoint(self, path: str) -> None:
         """Collective: model, optimizer and KL reference into `<path>/megatron` (dist_checkpointing, atomic)."""

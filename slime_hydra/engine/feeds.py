@@ -1,7 +1,9 @@
-"""`train_mode=async`: the engine loop with generation running ahead of training (slime's train_async.py).
+"""Where the loop's next rollout comes from: `SyncFeed` generates it when asked; `AheadGenerator` (train_mode=async,
+slime's train_async.py) has it generated ahead, while the previous one trains.
 
-The steps are loop.py's; only the waits move. A single generation worker produces rollouts in order,
-up to `async_buffer_size` ahead of the trainer, so rollout k+1 is generated while rollout k trains
+engine/loop.py orders the steps for both; a feed decides only where the samples come from, where weights
+go, and what a checkpoint keeps of it. The AheadGenerator's single generation worker produces rollouts in
+order, up to `async_buffer_size` ahead of the trainer, so rollout k+1 is generated while rollout k trains
 (one-step off-policy with the default of 1). Weights are published every `update_weights_interval`
 rollouts and applied by the worker before it starts its next generation, never in the middle of one.
 Each submission carries the weights to apply, so the schedule, and therefore the run, is the same
@@ -33,70 +35,68 @@ from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional, Protocol
 
 import torch
 
-from slime_hydra.config.schema import RunConfig
 from slime_hydra.data.buffer import sample_from_dict, sample_to_dict
-from slime_hydra.engine import checkpoint as ckpt
-from slime_hydra.engine.components import Components
-from slime_hydra.engine.state import engine_state
-from slime_hydra.engine.collect import Collected, RolloutPlan, collect_rollout, rollout_plan, weight_lag_metrics, write_rollout_data
-from slime_hydra.engine.loop import due, perf_metrics, prepare, run_eval
-from slime_hydra.engine.report import Progress
-from slime_hydra.engine.checkpoint import resume_hint
-from slime_hydra.engine.steps import advantages, rollout_metrics
+from slime_hydra.engine.collect import Collected
 from slime_hydra.errors import RunError
+from slime_hydra.protocols import RolloutBackend
 
 KEY = "async_rollout_timeout_s"
 CLOSE_WAIT_S = 30.0  # at close, how long a generation still running (the run failed elsewhere) may take to finish
 
+Weights = Iterable[tuple[str, torch.Tensor]]
 
-def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[str, float]]]:
-    n, pad = cfg.rollout.n_samples_per_prompt, c.tokenizer.pad_token_id
-    if c.start_rollout == 0:
-        prepare(cfg, c)
-    gen = AheadGenerator(c, rollout_plan(cfg.rollout), c.ready.get("async_ready", []), cfg.async_rollout_timeout_s,
-                         c.start_rollout, lambda: resume_hint(save_dir))
-    if c.ready.get("async_published_version") is not None:  # resumed: published weights the worker had not applied
-        gen.publish(c.trainer.named_weights(), c.ready["async_published_version"])
-    bar = Progress(cfg.num_rollout, c.start_rollout, cfg.logger.progress_bar)
-    try:
-        for rollout_id in range(c.start_rollout, cfg.num_rollout):
-            step, t0 = rollout_id + 1, time.perf_counter()
-            got = gen.next()  # wait for rollout k (generated ahead)
-            gen.fill(min(cfg.async_buffer_size, cfg.num_rollout - step))  # rollout k+1 generates while k trains
-            samples, t1 = got.samples, time.perf_counter()
-            batch = advantages(samples, c.advantage, n, pad, c.trainer)  # advantages
-            t2 = time.perf_counter()
-            metrics = c.trainer.train_rollout(batch)  # train
-            t3 = time.perf_counter()
-            if due(step, cfg.update_weights_interval, cfg.num_rollout):
-                gen.publish(c.trainer.named_weights(), step)  # sync weights: before the next generation starts
-            t4 = time.perf_counter()
-            metrics |= rollout_metrics(samples, n) | got.metrics | weight_lag_metrics(samples, rollout_id) | c.scorer.metrics()
-            # the backend's figures: a sync among them is the worker's latest (applied before a generation)
-            metrics |= c.rollout.metrics() | perf_metrics(samples, t0, t1, t2, t3, t4) | {"perf/rollout_wait_s": t1 - t0}
-            # generated ahead, so t1 - t0 is only the wait: the rate is over the worker's own generation time
-            generate_s = got.metrics.get("perf/rollout_generate_s", t1 - t0)
-            metrics["perf/rollout_tokens_per_s"] = sum(s.response_length for s in samples) / max(generate_s, 1e-9)
-            if cfg.save_debug_rollout_data:
-                write_rollout_data(cfg.save_debug_rollout_data, rollout_id, got)
-            if due(step, cfg.eval.eval_interval, cfg.num_rollout) and c.eval_sets:  # eval, on the latest weights
-                gen.drain_and_sync()
-                metrics |= run_eval(cfg, c, step)
-            c.tracker.log_metrics(metrics, step)  # log
-            c.history.append((step, metrics))
-            bar.update(metrics)
-            if due(step, cfg.save_interval, cfg.num_rollout):  # save, with the rollouts still waiting
-                waiting = gen.state_dict()  # drains the generation first: the buffer is at rest
-                state = engine_state(c, rollout_id) | waiting
-                ckpt.save_checkpoint(save_dir, rollout_id, ckpt.trainer_files(c.trainer, c.tokenizer), state)
-    finally:
-        gen.close()
-        bar.close()
-    return c.history
+
+class RolloutFeed(Protocol):
+    def next(self, rollout_id: int) -> Collected:
+        """The rollout to train as `rollout_id` (generated, rewarded, dynamically sampled)."""
+        ...
+
+    def update_weights(self, named_weights: Weights, version: int) -> None:
+        """The trainer's new weights, for the generations from now on."""
+        ...
+
+    def metrics(self, got: Collected, wait_s: float) -> dict[str, float]:
+        """This feed's figures for `got`, whose `next` took `wait_s`; they override the loop's of the same name."""
+        ...
+
+    def settle(self) -> None:
+        """Nothing generating and the rollout backend on the latest weights (before an eval)."""
+        ...
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the feed; called before the engine's state is read (it drains first)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class SyncFeed:
+    """train_mode=sync: each rollout is generated when the loop asks for it, on the weights just synced."""
+
+    def __init__(self, rollout: RolloutBackend, collect: Callable[[], Collected]):
+        self.rollout, self.collect = rollout, collect
+
+    def next(self, rollout_id: int) -> Collected:
+        return self.collect()
+
+    def update_weights(self, named_weights: Weights, version: int) -> None:
+        self.rollout.update_weights(named_weights, version=version)
+
+    def metrics(self, got: Collected, wait_s: float) -> dict[str, float]:
+        return {}  # the loop's perf/rollout_* are this rollout's generation
+
+    def settle(self) -> None:
+        pass  # nothing runs between steps
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass
@@ -152,11 +152,15 @@ class Worker:
 
 
 class AheadGenerator:
-    """Rollouts produced in order by one worker; `next()` waits for the oldest, within `timeout_s` of its start."""
+    """train_mode=async: rollouts produced in order by one worker, up to `buffer_size` ahead of the one training;
+    `next()` waits for the oldest, within `timeout_s` of the start of its generation. `ready`: finished rollouts
+    from a checkpoint (trained first); `published`: the checkpoint's published weights the worker had not applied."""
 
-    def __init__(self, c: Components, plan: RolloutPlan, ready: list[dict], timeout_s: float, first_rollout_id: int,
-                 resume_hint: Callable[[], str]):
-        self.c, self.plan, self.timeout_s, self.resume_hint = c, plan, timeout_s, resume_hint
+    def __init__(self, rollout: RolloutBackend, collect: Callable[[], Collected], *, num_rollout: int, buffer_size: int,
+                 timeout_s: float, resume_hint: Callable[[], str], first_rollout_id: int, ready: list[dict],
+                 published: Optional[tuple[Weights, int]] = None):
+        self.rollout, self.collect, self.timeout_s, self.resume_hint = rollout, collect, timeout_s, resume_hint
+        self.num_rollout, self.buffer_size = num_rollout, buffer_size
         self.threads = torch.get_num_threads()
         self.side_threads = max(1, self.threads // 2)
         torch.set_num_threads(self.side_threads)  # the trainer's half; the worker sets its own
@@ -166,8 +170,11 @@ class AheadGenerator:
         self.next_id = first_rollout_id + len(self.queue)
         self.weights: Optional[tuple[list, int]] = None  # published, not yet applied by the worker
         self.hung = False
+        if published is not None:
+            self.update_weights(*published)
 
-    def publish(self, named_weights, version: int) -> None:
+    def update_weights(self, named_weights: Weights, version: int) -> None:
+        """Published: the worker applies them before it starts its next generation."""
         self.weights = ([(name, t.detach().clone()) for name, t in named_weights], version)
 
     def fill(self, ahead: int) -> None:
@@ -176,9 +183,17 @@ class AheadGenerator:
             self.queue.append(self.worker.submit(self.next_id, self._one, weights))
             self.next_id += 1
 
-    def next(self) -> Collected:
+    def next(self, rollout_id: int) -> Collected:
         self.fill(1)
-        return self.wait(self.queue.popleft())
+        got = self.wait(self.queue.popleft())
+        self.fill(min(self.buffer_size, self.num_rollout - rollout_id - 1))  # rollout k+1 generates while k trains
+        return got
+
+    def metrics(self, got: Collected, wait_s: float) -> dict[str, float]:
+        """Generated ahead, the loop's perf/rollout_time_s is only the wait: the rate is over the worker's generation."""
+        generate_s = got.metrics.get("perf/rollout_generate_s", wait_s)
+        return {"perf/rollout_wait_s": wait_s,
+                "perf/rollout_tokens_per_s": sum(s.response_length for s in got.samples) / max(generate_s, 1e-9)}
 
     def wait(self, job: Job) -> Collected:
         """The job's result, or a RunError once its generation has run `timeout_s` or the worker is gone."""
@@ -204,8 +219,8 @@ class AheadGenerator:
     def _one(self, weights: Optional[tuple[list, int]]) -> Collected:
         t0 = time.perf_counter()
         if weights is not None:
-            self.c.rollout.update_weights(weights[0], version=weights[1])
-        got = collect_rollout(self.c.rollout, self.c.buffer, self.c.scorer, self.c.sampling, self.plan)
+            self.rollout.update_weights(weights[0], version=weights[1])
+        got = self.collect()
         got.metrics["perf/rollout_generate_s"] = time.perf_counter() - t0
         return got
 
@@ -213,11 +228,11 @@ class AheadGenerator:
         for job in self.queue:
             self.wait(job)
 
-    def drain_and_sync(self) -> None:
+    def settle(self) -> None:
         """No generation in flight, and the rollout holds the latest published weights (for eval)."""
         self.drain()
         if self.weights is not None:
-            self.c.rollout.update_weights(self.weights[0], version=self.weights[1])
+            self.rollout.update_weights(self.weights[0], version=self.weights[1])
             self.weights = None
 
     def state_dict(self) -> dict:
