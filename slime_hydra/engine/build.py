@@ -16,13 +16,17 @@ import torch
 
 from slime_hydra.agent.hook import check_sample_overrides, wrap_rollout
 from slime_hydra.config.schema import RunConfig
-from slime_hydra.data.dataset import Prompt, load_prompts
+from slime_hydra.config.datafiles import resolve
+from slime_hydra.data.dataset import Prompt, PromptList, load_prompts
+from slime_hydra.data.readers import Prep
+from slime_hydra.data.rows import RowKeys
+from slime_hydra.data.stream import streaming_source
 from slime_hydra.config.plugins import load_target
 from slime_hydra.data.buffer import DataBuffer
 from slime_hydra.data.source import PromptSource
 from slime_hydra.engine import checkpoint as ckpt
 from slime_hydra.config.validate import eval_datasets
-from slime_hydra.errors import ConfigError
+from slime_hydra.errors import ConfigError, DataError
 from slime_hydra.engine.steps import EvalSet, eval_sampling, rollout_sampling
 from slime_hydra.models.build import build_model, build_tokenizer
 from slime_hydra.rewards.compute import RewardScorer
@@ -67,11 +71,28 @@ def seed_everything(seed: int) -> None:
 
 
 def load_data(cfg: RunConfig, tokenizer) -> list[Prompt]:
+    """The training prompts, loaded and checked; none with data.streaming (the source reads them as needed)."""
     d = cfg.data
+    if d.streaming:
+        return PromptList()
     return load_prompts(d.prompt_data, tokenizer, input_key=d.input_key, label_key=d.label_key,
                         metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template,
                         max_prompt_len=d.rollout_max_prompt_len, what="data.prompt_data", tool_key=d.tool_key,
                         on_bad_row=d.on_bad_row)
+
+
+def build_source(cfg: RunConfig, tokenizer, train_prompts: list[Prompt]):
+    """The prompt source: over the loaded prompts, or (data.streaming) over the files, read as needed."""
+    r, d = cfg.rollout, cfg.data
+    if not d.streaming:
+        return PromptSource(train_prompts, r.n_samples_per_prompt, r.rollout_shuffle, r.rollout_seed)
+    files, problems = resolve(d.prompt_data)
+    if problems:
+        raise DataError("; ".join(problems))
+    prep = Prep(RowKeys(d.input_key, d.label_key, d.metadata_key, d.tool_key), tokenizer, d.apply_chat_template,
+                d.rollout_max_prompt_len)
+    return streaming_source(files, prep, r.n_samples_per_prompt, r.rollout_shuffle, r.rollout_seed, d.shuffle_buffer_size,
+                            d.on_bad_row, d.num_workers, d.worker_timeout_s)
 
 
 def build_eval_sets(cfg: RunConfig, tokenizer, sampling: SamplingParams) -> dict[str, EvalSet]:
@@ -136,12 +157,12 @@ def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) 
     model_cfg = cfg.model if resume is None else type(cfg.model)(**{**cfg.model.__dict__, "hf_checkpoint": str(resume)})
     model = build_model(model_cfg, tokenizer, cfg.seed).to(device)
     trainer = build_trainer(cfg, model, device)
-    source = PromptSource(train_prompts, cfg.rollout.n_samples_per_prompt, cfg.rollout.rollout_shuffle, cfg.rollout.rollout_seed)
+    source = build_source(cfg, tokenizer, train_prompts)
     state = ckpt.load_state(resume) if resume else None
     tracker = build_tracker(cfg.logger, cfg.experiment_name, output_dir, resume_run_id=(state or {}).get("tracker_run_id"),
                             parent_run_id=parent_run_id)
     rollout = wrap_rollout(build_rollout(cfg, model, tokenizer, output_dir), tokenizer, cfg.rollout.custom_generate,
-                           cfg.rollout.max_turns, metadatas)
+                           cfg.rollout.max_turns, metadatas, any_sample=cfg.data.streaming)
     comps = Components(tokenizer, train_prompts, eval_sets, source, trainer, rollout,
                        RewardScorer(cfg.reward), tracker, sampling, output_dir=output_dir, resumed_from=resume,
                        buffer=DataBuffer(source, load_target(cfg.rollout.buffer_filter)))
