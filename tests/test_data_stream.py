@@ -226,7 +226,6 @@ def test_bad_values_of_the_new_keys_name_the_key_and_the_fix(override, message):
 
 @pytest.mark.parametrize("override,refused", [
     ("cluster.backend=ray", "data.streaming=true does not support cluster.backend=ray"),
-    ("warmstart.steps=5", "data.streaming=true does not support warmstart.steps=5: the warm start samples"),
 ])
 def test_streaming_refuses_what_it_cannot_do(override, refused):
     with pytest.raises(ConfigError, match=refused):

@@ -42,9 +42,6 @@ def check_streaming(cfg: RunConfig, problems: list[str]) -> None:
     refused = {
         "cluster.backend=ray": (cfg.cluster.backend == "ray",
                                 "the rollout manager owns an in-memory source there; set cluster.backend=local or data.streaming=false"),
-        f"warmstart.steps={cfg.warmstart.steps}": (cfg.warmstart.steps > 0,
-                                                   "the warm start samples the whole prompt list; set warmstart.steps=0 or "
-                                                   "data.streaming=false"),
     }
     for what, (bad, fix) in refused.items():
         if bad:

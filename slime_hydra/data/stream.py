@@ -31,7 +31,7 @@ import random
 from typing import Callable, Iterator, Optional
 
 from slime_hydra.config.datafiles import DataFile
-from slime_hydra.data.dataset import Prompt
+from slime_hydra.data.dataset import Prompt, PromptList
 from slime_hydra.data.readers import START, LocalReader, Pos, Prep
 from slime_hydra.data.source import prompt_group
 from slime_hydra.data.workers import WorkerReader
@@ -165,3 +165,17 @@ def streaming_source(files: list[DataFile], prep: Prep, n_samples_per_prompt: in
     else:
         open_reader = functools.partial(LocalReader, files, prep)
     return StreamingPromptSource(open_reader, n_samples_per_prompt, shuffle, seed, buffer_size, on_bad_row)
+
+
+def read_head(files: list[DataFile], prep: Prep, n: int, on_bad_row: str, what: str = "data.prompt_data") -> PromptList:
+    """The first `n` good prompts of the data, in file order (at most one pass), for what needs a list in memory:
+    the warm start samples its SFT batches and accuracy checks from them."""
+    src = StreamingPromptSource(functools.partial(LocalReader, files, prep), 1, False, 0, 1, on_bad_row, what)
+    out = PromptList()
+    while len(out) < n and (p := src._next_row()) is not None:
+        out.append(p)
+    src.close()
+    if not out:
+        raise DataError(f"{what}: a whole pass over the data gave no prompt (every row is bad, or longer than "
+                        "data.rollout_max_prompt_len); fix the rows or raise data.rollout_max_prompt_len")
+    return out

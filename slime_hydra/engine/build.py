@@ -20,7 +20,7 @@ from slime_hydra.config.datafiles import resolve
 from slime_hydra.data.dataset import Prompt, PromptList, load_prompts
 from slime_hydra.data.readers import Prep
 from slime_hydra.data.rows import RowKeys
-from slime_hydra.data.stream import streaming_source
+from slime_hydra.data.stream import read_head, streaming_source
 from slime_hydra.config.plugins import load_target
 from slime_hydra.data.buffer import DataBuffer
 from slime_hydra.data.source import PromptSource
@@ -73,12 +73,22 @@ def seed_everything(seed: int) -> None:
 def load_data(cfg: RunConfig, tokenizer) -> list[Prompt]:
     """The training prompts, loaded and checked; none with data.streaming (the source reads them as needed)."""
     d = cfg.data
-    if d.streaming:
-        return PromptList()
+    if d.streaming:  # the warm start samples from the first data.shuffle_buffer_size prompts
+        return read_head(*stream_files(cfg, tokenizer), d.shuffle_buffer_size, d.on_bad_row) if cfg.warmstart.steps \
+            else PromptList()
     return load_prompts(d.prompt_data, tokenizer, input_key=d.input_key, label_key=d.label_key,
                         metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template,
                         max_prompt_len=d.rollout_max_prompt_len, what="data.prompt_data", tool_key=d.tool_key,
                         on_bad_row=d.on_bad_row)
+
+
+def stream_files(cfg: RunConfig, tokenizer) -> tuple[list, Prep]:
+    d = cfg.data
+    files, problems = resolve(d.prompt_data)
+    if problems:
+        raise DataError("; ".join(problems))
+    return files, Prep(RowKeys(d.input_key, d.label_key, d.metadata_key, d.tool_key), tokenizer, d.apply_chat_template,
+                       d.rollout_max_prompt_len)
 
 
 def build_source(cfg: RunConfig, tokenizer, train_prompts: list[Prompt]):
@@ -86,13 +96,8 @@ def build_source(cfg: RunConfig, tokenizer, train_prompts: list[Prompt]):
     r, d = cfg.rollout, cfg.data
     if not d.streaming:
         return PromptSource(train_prompts, r.n_samples_per_prompt, r.rollout_shuffle, r.rollout_seed)
-    files, problems = resolve(d.prompt_data)
-    if problems:
-        raise DataError("; ".join(problems))
-    prep = Prep(RowKeys(d.input_key, d.label_key, d.metadata_key, d.tool_key), tokenizer, d.apply_chat_template,
-                d.rollout_max_prompt_len)
-    return streaming_source(files, prep, r.n_samples_per_prompt, r.rollout_shuffle, r.rollout_seed, d.shuffle_buffer_size,
-                            d.on_bad_row, d.num_workers, d.worker_timeout_s)
+    return streaming_source(*stream_files(cfg, tokenizer), r.n_samples_per_prompt, r.rollout_shuffle, r.rollout_seed,
+                            d.shuffle_buffer_size, d.on_bad_row, d.num_workers, d.worker_timeout_s)
 
 
 def build_eval_sets(cfg: RunConfig, tokenizer, sampling: SamplingParams) -> dict[str, EvalSet]:
