@@ -36,6 +36,8 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
         t4 = time.perf_counter()
         metrics |= rollout_metrics(samples, n) | got.metrics | weight_lag_metrics(samples, rollout_id) | c.scorer.metrics()
         metrics |= c.rollout.metrics() | perf_metrics(samples, t0, t1, t2, t3, t4)  # the backend's: sync requests, retries
+        if cfg.data.streaming and cfg.data.on_bad_row == "skip":  # bad rows met so far (first epoch)
+            metrics["data/skipped_rows"] = float(c.source.skipped_rows)
         if cfg.save_debug_rollout_data:
             write_rollout_data(cfg.save_debug_rollout_data, rollout_id, got)
         if due(step, cfg.eval.eval_interval, cfg.num_rollout) and c.eval_sets:  # eval
