@@ -157,12 +157,12 @@ def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) 
     metadatas = [p.metadata for p in train_prompts] + [p.metadata for es in eval_sets.values() for p in es.prompts]
     if problems := check_sample_overrides(metadatas, "data"):  # per-sample generate hooks, before any model
         raise ConfigError(problems)
+    source = build_source(cfg, tokenizer, train_prompts)  # streaming: its workers read while the model builds
     device = pick_device(cfg.cluster.device)
     resume = ckpt.resolve_checkpoint(cfg.load) if cfg.load else None
     model_cfg = cfg.model if resume is None else type(cfg.model)(**{**cfg.model.__dict__, "hf_checkpoint": str(resume)})
     model = build_model(model_cfg, tokenizer, cfg.seed).to(device)
     trainer = build_trainer(cfg, model, device)
-    source = build_source(cfg, tokenizer, train_prompts)
     state = ckpt.load_state(resume) if resume else None
     tracker = build_tracker(cfg.logger, cfg.experiment_name, output_dir, resume_run_id=(state or {}).get("tracker_run_id"),
                             parent_run_id=parent_run_id)
