@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install run test test-all bench bench-rollout bench-algorithms bench-async bench-megatron bench-sglang-gpu clean golden
+.PHONY: help install run test test-all bench bench-rollout bench-algorithms bench-async bench-megatron bench-sglang-gpu bench-data clean golden
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -46,6 +46,9 @@ bench-algorithms: $(STAMP) ## every algorithm= option from one warm start: held-
 
 bench-async: $(STAMP) ## train_mode=sync vs async on the embedded default: s/rollout and held-out accuracy, 2 seeds
 	$(PY) -m benchmarks.bench_async
+
+bench-data: $(STAMP) ## prompt data: in-memory vs streaming vs streaming+workers (10M generated rows; ROWS=200000 for fewer)
+	$(PY) -m benchmarks.bench_data --rows $(or $(ROWS),10000000)
 
 bench-megatron: ## (GPU) megatron vs torch backend: train tokens/s, MFU, peak memory, Qwen3-0.6B/4B shapes, seq 2048
 	$(PY) -m benchmarks.bench_megatron

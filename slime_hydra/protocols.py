@@ -154,3 +154,20 @@ class Scorer(Protocol):
     def metrics(self) -> dict[str, float]:
         """Figures since the last call (`perf/reward_time_s`, remote RM counters)."""
         ...
+
+
+class PromptSource(Protocol):
+    """Where a rollout's prompt groups come from (data/source.py in memory, data/stream.py streamed, the Ray
+    manager's through orchestration/rollout_manager.RemoteSource); its position is part of every checkpoint."""
+
+    def next_groups(self, num_groups: int) -> list[list[Sample]]:
+        """`num_groups` groups of n_samples_per_prompt samples each, in the data order (epochs continue)."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """The source's figures for this rollout (`data/skipped_rows` of streamed data)."""
+        ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...

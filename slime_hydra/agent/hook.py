@@ -220,8 +220,10 @@ class AgentRollout:
         self.backend.shutdown()
 
 
-def wrap_rollout(backend, tokenizer, custom_generate: dict, max_turns: int, metadatas: Iterable[dict] = ()):
-    """The backend itself when no hook is configured and no sample asks for one; else an AgentRollout."""
-    if not custom_generate and not any((md or {}).get("custom_generate") for md in metadatas):
+def wrap_rollout(backend, tokenizer, custom_generate: dict, max_turns: int, metadatas: Iterable[dict] = (),
+                 any_sample: bool = False):
+    """The backend itself when no hook is configured and no sample asks for one; else an AgentRollout.
+    any_sample: the samples are not known yet (streamed data); any may ask for a hook."""
+    if not custom_generate and not any_sample and not any((md or {}).get("custom_generate") for md in metadatas):
         return backend
     return AgentRollout(backend, tokenizer, custom_generate or None, max_turns)

@@ -13,9 +13,8 @@ import torch
 
 from slime_hydra.app.algorithm import run_specs
 from slime_hydra.app.build_ray import build_ray
-from slime_hydra.app.inputs import assemble, make_tracker, prepare
+from slime_hydra.app.inputs import assemble, build_source, make_tracker, prepare
 from slime_hydra.config.schema import RunConfig
-from slime_hydra.data.source import PromptSource
 from slime_hydra.engine.components import Components, restore
 from slime_hydra.models.build import build_model
 from slime_hydra.protocols import RolloutBackend, TrainBackend
@@ -57,12 +56,11 @@ def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) 
     if cfg.cluster.backend == "ray":  # placement group, train group, rollout manager: the same Components
         return build_ray(cfg, output_dir, parent_run_id)
     inputs = prepare(cfg)
+    source = build_source(cfg, inputs.tokenizer, inputs.train_prompts)  # streaming: its workers read while the model builds
     device = pick_device(cfg.cluster.device)
     model = build_model(inputs.model, inputs.tokenizer, cfg.seed).to(device)
     specs = run_specs(cfg)  # names turned into the trainer's and the advantage step's callables
     trainer = build_trainer(cfg, specs, model, device)
-    r = cfg.rollout
-    source = PromptSource(inputs.train_prompts, r.n_samples_per_prompt, r.rollout_shuffle, r.rollout_seed)
     tracker = make_tracker(cfg, inputs, output_dir, parent_run_id)
     rollout = build_rollout(cfg, model, inputs.tokenizer, output_dir)
     comps = assemble(cfg, inputs, source, trainer, rollout, tracker, specs.advantage, output_dir)

@@ -13,17 +13,22 @@ from pathlib import Path
 from typing import Optional
 
 from slime_hydra.agent.hook import check_sample_overrides, wrap_rollout
+from slime_hydra.config.datafiles import resolve
 from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import ModelConfig, RunConfig
 from slime_hydra.config.validate import eval_datasets
 from slime_hydra.data.buffer import DataBuffer
-from slime_hydra.data.dataset import Prompt, load_prompts
+from slime_hydra.data.dataset import Prompt, PromptList, load_prompts
+from slime_hydra.data.readers import Prep
+from slime_hydra.data.rows import RowKeys
+from slime_hydra.data.source import PromptSource as InMemorySource
+from slime_hydra.data.stream import read_head, streaming_source
 from slime_hydra.engine import checkpoint as ckpt
 from slime_hydra.engine.components import Components
 from slime_hydra.engine.steps import EvalSet, eval_sampling, rollout_sampling
-from slime_hydra.errors import ConfigError
+from slime_hydra.errors import ConfigError, DataError
 from slime_hydra.models.build import build_tokenizer
-from slime_hydra.protocols import RolloutBackend, Tracker, TrainBackend
+from slime_hydra.protocols import PromptSource, RolloutBackend, Tracker, TrainBackend
 from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.runtime import seed_everything
 from slime_hydra.tracking.base import build_tracker
@@ -44,11 +49,33 @@ class Inputs:
 
 
 def load_data(cfg: RunConfig, tokenizer) -> list[Prompt]:
+    """The training prompts, loaded and checked; none with data.streaming (the source reads them as needed)."""
     d = cfg.data
+    if d.streaming:  # the warm start samples from the first data.shuffle_buffer_size prompts
+        return read_head(*stream_files(cfg, tokenizer), d.shuffle_buffer_size, d.on_bad_row) if cfg.warmstart.steps \
+            else PromptList()
     return load_prompts(d.prompt_data, tokenizer, input_key=d.input_key, label_key=d.label_key,
                         metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template,
                         max_prompt_len=d.rollout_max_prompt_len, what="data.prompt_data", tool_key=d.tool_key,
                         on_bad_row=d.on_bad_row)
+
+
+def stream_files(cfg: RunConfig, tokenizer) -> tuple[list, Prep]:
+    d = cfg.data
+    files, problems = resolve(d.prompt_data)
+    if problems:
+        raise DataError("; ".join(problems))
+    return files, Prep(RowKeys(d.input_key, d.label_key, d.metadata_key, d.tool_key), tokenizer, d.apply_chat_template,
+                       d.rollout_max_prompt_len)
+
+
+def build_source(cfg: RunConfig, tokenizer, train_prompts: list[Prompt]) -> PromptSource:
+    """The prompt source: over the loaded prompts, or (data.streaming) over the files, read as needed."""
+    r, d = cfg.rollout, cfg.data
+    if not d.streaming:
+        return InMemorySource(train_prompts, r.n_samples_per_prompt, r.rollout_shuffle, r.rollout_seed)
+    return streaming_source(*stream_files(cfg, tokenizer), r.n_samples_per_prompt, r.rollout_shuffle, r.rollout_seed,
+                            d.shuffle_buffer_size, d.on_bad_row, d.num_workers, d.worker_timeout_s)
 
 
 def build_eval_sets(cfg: RunConfig, tokenizer, sampling: SamplingParams) -> dict[str, EvalSet]:
@@ -87,7 +114,8 @@ def make_tracker(cfg: RunConfig, inputs: Inputs, output_dir: str, parent_run_id:
 def assemble(cfg: RunConfig, inputs: Inputs, source, trainer: TrainBackend, rollout: RolloutBackend, tracker: Tracker,
              advantage: AdvantageSpec, output_dir: str) -> Components:
     """The loop's Components; the rollout backend wrapped by the generate hook (rollout.custom_generate), if any."""
-    rollout = wrap_rollout(rollout, inputs.tokenizer, cfg.rollout.custom_generate, cfg.rollout.max_turns, inputs.metadatas)
+    rollout = wrap_rollout(rollout, inputs.tokenizer, cfg.rollout.custom_generate, cfg.rollout.max_turns, inputs.metadatas,
+                           any_sample=cfg.data.streaming)
     return Components(inputs.tokenizer, inputs.train_prompts, inputs.eval_sets, source, trainer, rollout,
                       RewardScorer(cfg.reward), tracker, inputs.sampling, advantage, output_dir=output_dir,
                       resumed_from=inputs.resume,

@@ -64,11 +64,12 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_ru
     c = build(cfg, str(out), parent_run_id)
     if c.resumed_from is None:
         c.tracker.log_params(flatten(composed))
-        if cfg.data.on_bad_row == "skip":  # rows dropped at load: counted once, at step 0
-            skipped = {"data/skipped_rows": getattr(c.train_prompts, "skipped_rows", 0)}
+        if cfg.data.on_bad_row == "skip":  # rows dropped at load: counted once, at step 0 (streamed data: per rollout)
+            skipped = {} if cfg.data.streaming else {"data/skipped_rows": getattr(c.train_prompts, "skipped_rows", 0)}
             skipped |= {f"eval/{n}/skipped_rows": getattr(s.prompts, "skipped_rows", 0) for n, s in c.eval_sets.items()}
-            c.tracker.log_metrics(skipped, 0)
-            c.state.history.append((0, skipped))
+            if skipped:
+                c.tracker.log_metrics(skipped, 0)
+                c.state.history.append((0, skipped))
     c.tracker.set_tags({"experiment_name": cfg.experiment_name, "git_sha": meta["git_sha"], "overrides": meta["overrides"] or "(none)",
                         "output_dir": str(out)})
     status = "FAILED"

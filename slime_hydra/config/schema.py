@@ -211,7 +211,9 @@ class RolloutConfig:
 @dataclass
 class DataConfig:
     name: str = "addition"
-    prompt_data: Optional[str] = None  # jsonl path (slime format: {"prompt": ..., "label": ...})
+    # slime format ({"prompt": ..., "label": ...}): a jsonl or parquet file, a glob, a directory of them, or a
+    # Hugging Face dataset directory (save_to_disk) / .arrow file, read through `datasets`
+    prompt_data: Optional[str] = None
     input_key: str = "prompt"
     label_key: str = "label"
     metadata_key: str = "metadata"
@@ -221,6 +223,14 @@ class DataConfig:
     # a row that fails its checks (encoding, JSON, field types; eval files too): error stops the run with
     # every problem's file:line | skip drops it with a warning, counted in data/skipped_rows
     on_bad_row: str = "error"
+    # Prompt data at scale (slime's --streaming-data, --num-data-workers): streaming reads prompt_data lazily
+    # (a jsonl/parquet file, a glob, a directory, or a Hugging Face save_to_disk directory) and shuffles it
+    # through a buffer of shuffle_buffer_size prompts per epoch; num_workers processes read, check, template
+    # and tokenize ahead of the rollout (0: in the driver); a worker silent for worker_timeout_s is an error.
+    streaming: bool = False
+    shuffle_buffer_size: int = 10_000
+    num_workers: int = 0
+    worker_timeout_s: float = 120.0
 
 
 @dataclass

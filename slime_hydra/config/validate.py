@@ -17,6 +17,7 @@ from slime_hydra.config.plugins import check_target
 from slime_hydra.config.schema import EvalDatasetConfig, RunConfig
 from slime_hydra.config.validate_algorithm import GROUP_BASELINE, check_algorithm
 from slime_hydra.config.validate_buffer import check_buffer, derive_num_rollout
+from slime_hydra.config.validate_data import check_prompt_data, check_streaming
 from slime_hydra.config.validate_microbatch import check_microbatch
 from slime_hydra.config.validate_model import check_model_training
 from slime_hydra.config.validate_ray import check_ray_pairing
@@ -204,7 +205,8 @@ def check_data(cfg: RunConfig, problems: list[str]) -> None:
         elif Path(path).stat().st_size == 0 or (not path.endswith(".parquet") and not any(line.strip() for line in open(path, "rb"))):
             problems.append(f"{key}={path}: the file is empty; it needs one JSON object per line")
 
-    one("data.prompt_data", cfg.data.prompt_data)
+    check_prompt_data(cfg, problems)  # a glob, a directory, a Hugging Face dataset too
+    check_streaming(cfg, problems)
     for name, ds in eval_datasets(cfg, problems).items():
         one(f"eval.eval_prompt_data.{name}" + ("" if isinstance(cfg.eval.eval_prompt_data[name], str) else ".path"), ds.path)
 

@@ -10,8 +10,8 @@ policy, so the importance ratio is taken against the weights that generated each
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
+from slime_hydra.config.datafiles import resolve
 from slime_hydra.config.plugins import check_target
 from slime_hydra.config.schema import RunConfig
 
@@ -28,12 +28,17 @@ def derive_num_rollout(cfg: RunConfig, problems: list[str], notes: list[str]) ->
         problems.append(f"num_rollout={cfg.num_rollout} and num_epoch={cfg.num_epoch} are both set; set one of them "
                         "(num_rollout=null to derive it from num_epoch)")
         return
-    path = cfg.data.prompt_data
-    if not path or not Path(path).is_file():
+    files, missing = resolve(cfg.data.prompt_data) if cfg.data.prompt_data else ([], ["unset"])
+    if missing or not files:
         return  # check_data reports the missing file
-    n = count_rows(path, problems)
-    if n is None:
+    if any(f.kind not in ("jsonl", "parquet") for f in files):
+        problems.append(f"num_epoch={cfg.num_epoch} needs the row count of data.prompt_data={cfg.data.prompt_data}, "
+                        "which is counted for jsonl and parquet files only; set num_rollout instead")
         return
+    counts = [count_rows(f.path, problems) for f in files]
+    if None in counts:
+        return
+    n = sum(counts)
     cfg.num_rollout = cfg.num_epoch * n // cfg.rollout.rollout_batch_size
     notes.append(f"num_rollout = num_epoch × prompts // rollout.rollout_batch_size = {cfg.num_epoch} × {n} // "
                  f"{cfg.rollout.rollout_batch_size} = {cfg.num_rollout}")

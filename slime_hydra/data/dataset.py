@@ -1,4 +1,4 @@
-"""Loads slime-format prompt files (jsonl, or parquet): one object per row with an input and a label.
+"""Loads slime-format prompt files (jsonl, parquet, a Hugging Face dataset): one object per row with an input and a label.
 
 Every row is checked as it loads (rows.py); every problem names the file, the line and the key to fix.
 Chat-list prompts are rendered with the tokenizer's chat template when `apply_chat_template` is on.
@@ -7,8 +7,10 @@ Chat-list prompts are rendered with the tokenizer's chat template when `apply_ch
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Iterator, Optional
 
+from slime_hydra.config.datafiles import resolve
 from slime_hydra.data.rows import RowKeys, read_rows
 from slime_hydra.errors import DataError
 
@@ -29,6 +31,23 @@ class PromptList(list):
     skipped_rows: int = 0
 
 
+def render_text(row: dict, tokenizer, apply_chat_template: bool, path: str, input_key: str) -> str:
+    """What the model sees of a checked row: the chat template applied (tools listed), or the string as it is."""
+    raw = row["prompt"]
+    if apply_chat_template:
+        messages = raw if isinstance(raw, list) else [{"role": "user", "content": raw}]
+        tools = {"tools": row["tools"]} if row["tools"] else {}  # data.tool_key: the template lists the tools
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **tools)
+    if isinstance(raw, list):
+        raise DataError(f"{path}:{row['line']}: {input_key!r} is a chat list of messages, which needs the chat "
+                        "template; set data.apply_chat_template=true")
+    return raw
+
+
+def to_prompt(row: dict, text: str, tokens: list[int]) -> Prompt:
+    return Prompt(row["prompt"], text, tokens, None if row["label"] is None else str(row["label"]), row["metadata"])
+
+
 def load_prompts(
     path: str,
     tokenizer,
@@ -42,26 +61,46 @@ def load_prompts(
     on_bad_row: str = "error",
     key_prefix: str = "data",
 ) -> PromptList:
-    """Checked, rendered and tokenized prompts; key_prefix names the config group of input_key/label_key."""
-    read = read_rows(path, RowKeys(input_key, label_key, metadata_key, tool_key, key_prefix), what, on_bad_row)
+    """Checked, rendered and tokenized prompts; key_prefix names the config group of input_key/label_key.
+
+    `path` is any data.prompt_data spec (config/datafiles.py): its files are read in order, each checked
+    as one file."""
+    keys = RowKeys(input_key, label_key, metadata_key, tool_key, key_prefix)
+    files, problems = resolve(path, what)
+    if problems:
+        raise DataError("; ".join(problems))
     prompts = PromptList()
-    prompts.skipped_rows = len(read.skipped)
-    for row in read.rows:
-        raw = row["prompt"]
-        if apply_chat_template:
-            messages = raw if isinstance(raw, list) else [{"role": "user", "content": raw}]
-            tools = {"tools": row["tools"]} if row["tools"] else {}  # data.tool_key: the template lists the tools
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **tools)
-        elif isinstance(raw, list):
-            raise DataError(f"{path}:{row['line']}: {input_key!r} is a chat list of messages, which needs the chat "
-                            "template; set data.apply_chat_template=true")
-        else:
-            text = raw
-        tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
-        if max_prompt_len is not None and len(tokens) > max_prompt_len:
-            continue
-        label = None if row["label"] is None else str(row["label"])
-        prompts.append(Prompt(raw, text, tokens, label, row["metadata"]))
+    for f in files:
+        read = read_rows(f.path, keys, what, on_bad_row, None if f.kind in ("jsonl", "parquet") else iter_dataset)
+        prompts.skipped_rows += len(read.skipped)
+        for row in read.rows:
+            text = render_text(row, tokenizer, apply_chat_template, f.path, input_key)
+            tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if max_prompt_len is not None and len(tokens) > max_prompt_len:
+                continue
+            prompts.append(to_prompt(row, text, tokens))
     if not prompts:
         raise DataError(f"{what}: every prompt in {path} is longer than data.rollout_max_prompt_len={max_prompt_len}")
     return prompts
+
+
+def open_dataset(path: str):
+    """A Hugging Face dataset directory (save_to_disk) or .arrow file, memory-mapped: rows are read on access."""
+    import datasets  # lazy: an optional dependency, needed only for these sources
+
+    if Path(path).is_dir():
+        return datasets.load_from_disk(path, keep_in_memory=False)
+    return datasets.Dataset.from_file(path, in_memory=False)
+
+
+def iter_dataset(path: str) -> Iterator[tuple[int, Any, Optional[str]]]:
+    """(row number, row, None) of a Hugging Face dataset, 1-based as in rows.py."""
+    ds = open_dataset(path)
+    for start in range(0, len(ds), 4096):
+        for i, row in enumerate(columns_to_rows(ds[start:start + 4096]), start=start + 1):
+            yield i, row, None
+
+
+def columns_to_rows(columns: dict[str, list]) -> list[dict]:
+    names = list(columns)
+    return [dict(zip(names, values)) for values in zip(*(columns[n] for n in names))]

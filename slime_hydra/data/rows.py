@@ -18,7 +18,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from slime_hydra.errors import DataError
 
@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 MAX_SHOWN = 20  # a screenful of problems; the rest are counted
 ON_BAD_ROW = ("error", "skip")
+BLANK = object()  # a blank jsonl line: no row
 
 
 @dataclass(frozen=True)
@@ -110,22 +111,28 @@ def check_row(row: Any, keys: RowKeys) -> list[str]:
     return problems
 
 
+def parse_jsonl_line(lineno: int, raw: bytes) -> tuple[Any, Optional[str]]:
+    """(parsed value or None, problem or None) of one raw line; (BLANK, None) for a blank line."""
+    try:  # utf-8-sig on line 1: a byte-order mark is not an error
+        text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+    except UnicodeDecodeError as e:
+        return None, (f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                      "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8) or fix this line")
+    if not text.strip():
+        return BLANK, None
+    try:
+        return json.loads(text.rstrip("\r\n")), None  # the newline would move an error's column
+    except json.JSONDecodeError as e:
+        return None, f"malformed JSON ({e.msg} at column {e.colno}); fix or remove this line"
+
+
 def iter_jsonl(path: str) -> Iterator[tuple[int, Any, Optional[str]]]:
     """(line number, parsed value or None, problem or None) for every non-blank line."""
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
-            try:  # utf-8-sig on line 1: a byte-order mark is not an error
-                text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
-            except UnicodeDecodeError as e:
-                yield lineno, None, (f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
-                                     "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8) or fix this line")
-                continue
-            if not text.strip():
-                continue
-            try:
-                yield lineno, json.loads(text.rstrip("\r\n")), None  # the newline would move an error's column
-            except json.JSONDecodeError as e:
-                yield lineno, None, f"malformed JSON ({e.msg} at column {e.colno}); fix or remove this line"
+            value, problem = parse_jsonl_line(lineno, raw)
+            if value is not BLANK:
+                yield lineno, value, problem
 
 
 def iter_parquet(path: str) -> Iterator[tuple[int, Any, Optional[str]]]:
@@ -143,6 +150,13 @@ def iter_parquet(path: str) -> Iterator[tuple[int, Any, Optional[str]]]:
         raise DataError(f"{path}: not a readable parquet file ({e}); rewrite it, or give a jsonl file") from None
 
 
+def good_row(row: dict, keys: RowKeys, line: int) -> dict:
+    """A checked row as the loader keeps it."""
+    tools = row.get(keys.tool_key) if keys.tool_key else None
+    return {"prompt": row[keys.input_key], "label": None if keys.label_key is None else row[keys.label_key],
+            "metadata": row.get(keys.metadata_key) or {}, "tools": tools, "line": line}
+
+
 def render(path: str, problems: list[str], bad_rows: int, total_rows: int, what: str) -> str:
     head = (f"{what}: {bad_rows} of {total_rows} rows of {path} are bad; fix them, or set data.on_bad_row=skip "
             "to train on the good rows only:")
@@ -152,23 +166,23 @@ def render(path: str, problems: list[str], bad_rows: int, total_rows: int, what:
     return "\n".join(lines)
 
 
-def read_rows(path: str, keys: RowKeys, what: str, on_bad_row: str = "error") -> Rows:
-    """The good rows of a jsonl or parquet file; bad ones raise (all together) or are skipped."""
+def read_rows(path: str, keys: RowKeys, what: str, on_bad_row: str = "error",
+              iter_fn: Optional[Callable[[str], Iterator]] = None) -> Rows:
+    """The good rows of a jsonl or parquet file (or what `iter_fn` reads, e.g. a Hugging Face dataset directory);
+    bad ones raise (all together) or are skipped."""
     if on_bad_row not in ON_BAD_ROW:
         raise DataError(f"data.on_bad_row={on_bad_row!r} is not one of {list(ON_BAD_ROW)}")
-    if not Path(path).is_file():
+    if iter_fn is None and not Path(path).is_file():
         raise DataError(f"{what}: file not found: {path}; set it to an existing jsonl or parquet file")
     out, problems, total = Rows(), [], 0
-    for line, row, problem in (iter_parquet if path.endswith(".parquet") else iter_jsonl)(path):
+    for line, row, problem in (iter_fn or (iter_parquet if path.endswith(".parquet") else iter_jsonl))(path):
         total += 1
         found = [problem] if problem else check_row(row, keys)
         if found:
             problems += [f"{path}:{line}: {p}" for p in found]
             out.skipped.append(f"{path}:{line}: {found[0]}")
             continue
-        tools = row.get(keys.tool_key) if keys.tool_key else None
-        out.rows.append({"prompt": row[keys.input_key], "label": None if keys.label_key is None else row[keys.label_key],
-                         "metadata": row.get(keys.metadata_key) or {}, "tools": tools, "line": line})
+        out.rows.append(good_row(row, keys, line))
     if problems and on_bad_row == "error":
         raise DataError(render(path, problems, len(out.skipped), total, what))
     if out.skipped:

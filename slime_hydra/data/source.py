@@ -48,6 +48,9 @@ class PromptSource:
             self.next_group_index += 1
         return groups
 
+    def metrics(self) -> dict[str, float]:
+        return {}  # rows skipped at load are logged once, at step 0 (app/session.py)
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "offset": self.offset, "next_group_index": self.next_group_index}
 

@@ -16,9 +16,8 @@ import torch
 
 from slime_hydra.data.buffer import DataBuffer
 from slime_hydra.data.dataset import Prompt
-from slime_hydra.data.source import PromptSource
 from slime_hydra.engine.steps import EvalSet
-from slime_hydra.protocols import RolloutBackend, Scorer, Tracker, TrainBackend
+from slime_hydra.protocols import PromptSource, RolloutBackend, Scorer, Tracker, TrainBackend
 from slime_hydra.training.specs import AdvantageSpec
 from slime_hydra.types import SamplingParams
 

@@ -168,6 +168,9 @@ class RemoteSource:
     def next_groups(self, num_groups: int) -> list[list[Sample]]:
         return self.calls.get(self.manager.next_groups.remote(num_groups), "next prompts", ["the rollout manager"])
 
+    def metrics(self) -> dict[str, float]:
+        return {}  # in-memory prompts (data.streaming is refused with cluster.backend=ray)
+
     def state_dict(self) -> dict:
         return self.calls.get(self.manager.source_state.remote(), "checkpoint (data position)", ["the rollout manager"])
 

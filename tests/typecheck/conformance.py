@@ -7,7 +7,10 @@ from slime_hydra.agent.hook import AgentRollout
 from slime_hydra.orchestration.megatron_group import MegatronTrainGroup
 from slime_hydra.orchestration.rollout_manager import RemoteRollout
 from slime_hydra.orchestration.train_group import TrainGroup
-from slime_hydra.protocols import RolloutBackend, Scorer, Tracker, TrainBackend
+from slime_hydra.data.source import PromptSource as InMemorySource
+from slime_hydra.data.stream import StreamingPromptSource
+from slime_hydra.orchestration.rollout_manager import RemoteSource
+from slime_hydra.protocols import PromptSource, RolloutBackend, Scorer, Tracker, TrainBackend
 from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.rollout.local import LocalRollout
 from slime_hydra.rollout.sglang.backend import SGLangRollout
@@ -47,3 +50,10 @@ def trackers(mlflow: MLflowTracker, tensorboard: TensorBoardTracker, null: NullT
 def scorers(reward: RewardScorer) -> None:
     s: Scorer
     s = reward
+
+
+def prompt_sources(memory: InMemorySource, streamed: StreamingPromptSource, remote: RemoteSource) -> None:
+    p: PromptSource
+    p = memory
+    p = streamed
+    p = remote

@@ -1,0 +1,188 @@
+"""Prompt files read in blocks from a position, for the streaming source (stream.py) and its workers.
+
+A position is (file index, rows read in that file, byte offset in that file): a jsonl file is seeked
+to the byte, a parquet file skips whole row groups by their metadata, a Hugging Face dataset is
+indexed; so reading resumes where a checkpoint left off without reading what came before. Blocks run
+to the end of the last file, then start again at the first (one pass per epoch), forever.
+
+A block becomes events, one per row: ("ok", Prompt), ("bad", ["path:line: problem", ...]) with the
+problems `rows.check_row` finds (the in-memory path's words), or ("drop", None) for a prompt longer
+than `data.rollout_max_prompt_len`; each with the position after its row. A block is tokenized in
+one call (a fast tokenizer gives the same ids per text as one call per text).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+from slime_hydra.config.datafiles import DataFile
+from slime_hydra.data.dataset import columns_to_rows, open_dataset, render_text, to_prompt
+from slime_hydra.data.rows import BLANK, RowKeys, check_row, good_row, parse_jsonl_line
+from slime_hydra.errors import DataError
+
+Pos = tuple[int, int, int]  # (file index, rows read in that file, byte offset in a jsonl file)
+START: Pos = (0, 0, 0)
+
+
+@dataclass
+class Block:
+    file_idx: int
+    first_row: int  # 0-based row (jsonl: physical line) of the block's first row in its file
+    offset: int  # byte offset of the first row (jsonl)
+    lines: Optional[list[bytes]] = None  # jsonl
+    batch: Any = None  # parquet: a pyarrow RecordBatch
+    stop: int = 0  # hf: rows [first_row, stop)
+    last: bool = False  # the last block of a pass over every file
+    index: int = 0  # blocks since the stream started (which worker reads it)
+
+
+@dataclass(frozen=True)
+class Prep:
+    """What turns a checked row into a Prompt."""
+
+    keys: RowKeys
+    tokenizer: Any
+    apply_chat_template: bool = False
+    max_prompt_len: Optional[int] = None
+
+
+_DATASETS: dict[str, Any] = {}  # path -> open memory-mapped dataset, one per process
+
+
+def dataset(path: str):
+    if path not in _DATASETS:
+        _DATASETS[path] = open_dataset(path)
+    return _DATASETS[path]
+
+
+def _file_blocks(f: DataFile, fi: int, row: int, offset: int, rows: int) -> Iterator[Block]:
+    if f.kind == "jsonl":
+        with open(f.path, "rb") as fh:
+            fh.seek(offset)
+            while lines := list(itertools.islice(fh, rows)):
+                yield Block(fi, row, offset, lines=lines)
+                row, offset = row + len(lines), offset + sum(map(len, lines))
+    elif f.kind == "parquet":
+        yield from _parquet_blocks(f.path, fi, row, rows)
+    else:
+        n = len(dataset(f.path))
+        for start in range(row, n, rows):
+            yield Block(fi, start, 0, stop=min(start + rows, n))
+
+
+def _parquet_blocks(path: str, fi: int, row: int, rows: int) -> Iterator[Block]:
+    import pyarrow  # lazy: only parquet files need it
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+        group, first = 0, 0  # the row group holding `row`, and its first row
+        while group < pf.num_row_groups and first + pf.metadata.row_group(group).num_rows <= row:
+            first += pf.metadata.row_group(group).num_rows
+            group += 1
+        if group == pf.num_row_groups:
+            return
+        for batch in pf.iter_batches(batch_size=rows, row_groups=range(group, pf.num_row_groups)):
+            if first + batch.num_rows <= row:  # resuming inside the first row group: rows already read
+                first += batch.num_rows
+                continue
+            if first < row:
+                batch, first = batch.slice(row - first), row
+            yield Block(fi, first, 0, batch=batch)
+            first += batch.num_rows
+    except (pyarrow.ArrowException, OSError) as e:
+        raise DataError(f"{path}: not a readable parquet file ({e}); rewrite it, or give a jsonl file") from None
+
+
+def iter_blocks(files: list[DataFile], start: Pos, rows: int) -> Iterator[Block]:
+    """Blocks of at most `rows` rows from `start`, pass after pass; a pass with no rows is one empty last block."""
+    index = 0
+    while True:
+        prev = None
+        for fi in range(start[0], len(files)):
+            row, offset = (start[1], start[2]) if fi == start[0] else (0, 0)
+            for block in _file_blocks(files[fi], fi, row, offset, rows):
+                if prev is not None:
+                    prev.index, index = index, index + 1
+                    yield prev
+                prev = block
+        prev = prev or Block(len(files) - 1, 0, 0, lines=[])
+        prev.last, prev.index, index = True, index, index + 1
+        yield prev
+        start = START
+
+
+def _rows(block: Block, files: list[DataFile]) -> Iterator[tuple[int, Pos, Any, Optional[str]]]:
+    """(1-based line, position after it, parsed row, problem); blank jsonl lines are left out."""
+    fi = block.file_idx
+    if block.lines is not None:
+        offset = block.offset
+        for i, raw in enumerate(block.lines):
+            offset += len(raw)
+            value, problem = parse_jsonl_line(block.first_row + i + 1, raw)
+            if value is not BLANK:
+                yield block.first_row + i + 1, (fi, block.first_row + i + 1, offset), value, problem
+        return
+    rows = block.batch.to_pylist() if block.batch is not None else columns_to_rows(
+        dataset(files[fi].path)[block.first_row:block.stop])
+    for i, row in enumerate(rows):
+        yield block.first_row + i + 1, (fi, block.first_row + i + 1, 0), row, None
+
+
+def tokenize(texts: list[str], tokenizer) -> list[list[int]]:
+    """The ids `tokenizer(text, add_special_tokens=False)` gives each text; a fast tokenizer's Rust core is called
+    directly (transformers' wrapper around it costs as much as the encoding; tests compare the two)."""
+    core = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+    if core is None or core.truncation is not None or core.padding is not None:
+        return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return [e.ids for e in core.encode_batch(texts, add_special_tokens=False)]
+
+
+def process_block(block: Block, files: list[DataFile], prep: Prep) -> list[tuple[str, Any, Pos]]:
+    """The block's events, in row order (module docstring)."""
+    path = files[block.file_idx].path
+    events: list[list] = []
+    good: list[tuple[int, dict, str]] = []  # (event index, row, text) of the rows to tokenize
+    for line, pos, row, problem in _rows(block, files):
+        found = [problem] if problem else check_row(row, prep.keys)
+        if found:
+            events.append(["bad", [f"{path}:{line}: {p}" for p in found], pos])
+            continue
+        row = good_row(row, prep.keys, line)
+        good.append((len(events), row, render_text(row, prep.tokenizer, prep.apply_chat_template, path, prep.keys.input_key)))
+        events.append(["ok", None, pos])
+    if good:
+        ids = tokenize([text for _, _, text in good], prep.tokenizer)
+        for (i, row, text), tokens in zip(good, ids):
+            if prep.max_prompt_len is not None and len(tokens) > prep.max_prompt_len:
+                events[i][0] = "drop"
+            else:
+                events[i][1] = to_prompt(row, text, tokens)
+    return [tuple(e) for e in events]
+
+
+@dataclass
+class LocalReader:
+    """Blocks read and processed in the calling process (data.num_workers=0): an endless iterator of
+    (events, last) per block."""
+
+    files: list[DataFile]
+    prep: Prep
+    start: Pos = START
+    block_rows: int = 512
+    _blocks: Iterator[Block] = field(init=False)
+
+    def __post_init__(self):
+        self._blocks = iter_blocks(self.files, self.start, self.block_rows)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[list, bool]:
+        block = next(self._blocks)
+        return process_block(block, self.files, self.prep), block.last
+
+    def close(self) -> None:
+        pass
