@@ -81,7 +81,7 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
             generate_s = got.metrics.get("perf/rollout_generate_s", t1 - t0)
             metrics["perf/rollout_tokens_per_s"] = sum(s.response_length for s in samples) / max(generate_s, 1e-9)
             if cfg.save_debug_rollout_data:
-                write_rollout_data(cfg.save_debug_rollout_data, rollout_id, got)
+                write_rollout_data(cfg.save_debug_rollout_data, rollout_id, got, c.rollout_dump_meta)
             if due(step, cfg.eval.eval_interval, cfg.num_rollout) and c.eval_sets:  # eval, on the latest weights
                 gen.drain_and_sync()
                 metrics |= run_eval(cfg, c, step)

@@ -21,6 +21,10 @@ from slime_hydra.config.plugins import load_target
 from slime_hydra.data.buffer import DataBuffer
 from slime_hydra.data.source import PromptSource
 from slime_hydra.engine import checkpoint as ckpt
+from slime_hydra.engine.debug_split import check_resume, is_rollout_only, open_replay, rollout_dump_meta
+from slime_hydra.data.rollout_dump import ReplayBuffer
+from slime_hydra.rollout.replay import NoWeightSync, ReplayRollout
+from slime_hydra.training.noop import NoTrain
 from slime_hydra.config.validate import eval_datasets
 from slime_hydra.errors import ConfigError
 from slime_hydra.engine.steps import EvalSet, eval_sampling, rollout_sampling
@@ -49,6 +53,7 @@ class Components:
     resumed_from: Optional[Path] = None
     buffer: Optional[DataBuffer] = None  # None: a first-in first-out buffer over `source`
     ready: dict = field(default_factory=dict)  # async: finished rollouts restored from a checkpoint, trained first
+    rollout_dump_meta: dict = field(default_factory=dict)  # the header of save_debug_rollout_data's files
 
     def __post_init__(self):
         if self.buffer is None:
@@ -78,7 +83,7 @@ def build_eval_sets(cfg: RunConfig, tokenizer, sampling: SamplingParams) -> dict
     d, sets = cfg.data, {}
     for name, ds in eval_datasets(cfg).items():
         prompts = load_prompts(ds.path, tokenizer, input_key=ds.input_key, label_key=ds.label_key,
-                               metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template,
+                               metadata_key=ds.metadata_key, apply_chat_template=d.apply_chat_template,
                                max_prompt_len=d.rollout_max_prompt_len, what=f"eval.eval_prompt_data.{name}",
                                tool_key=d.tool_key, on_bad_row=d.on_bad_row, key_prefix=f"eval.eval_prompt_data.{name}")
         scorer = RewardScorer(dataclasses.replace(cfg.reward, rm_type=ds.rm_type), cfg.eval.eval_reward_key)
@@ -127,24 +132,35 @@ def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) 
     seed_everything(cfg.seed)
     tokenizer = build_tokenizer(cfg.model)
     sampling = rollout_sampling(cfg.rollout, (tokenizer.eos_token_id,))
-    train_prompts, eval_sets = load_data(cfg, tokenizer), build_eval_sets(cfg, tokenizer, sampling)
+    train_prompts = load_data(cfg, tokenizer)
+    # a train-only replay has no rollout engine to evaluate with
+    eval_sets = {} if cfg.load_debug_rollout_data else build_eval_sets(cfg, tokenizer, sampling)
     metadatas = [p.metadata for p in train_prompts] + [p.metadata for es in eval_sets.values() for p in es.prompts]
     if problems := check_sample_overrides(metadatas, "data"):  # per-sample generate hooks, before any model
         raise ConfigError(problems)
     device = pick_device(cfg.cluster.device)
     resume = ckpt.resolve_checkpoint(cfg.load) if cfg.load else None
-    model_cfg = cfg.model if resume is None else type(cfg.model)(**{**cfg.model.__dict__, "hf_checkpoint": str(resume)})
-    model = build_model(model_cfg, tokenizer, cfg.seed).to(device)
-    trainer = build_trainer(cfg, model, device)
-    source = PromptSource(train_prompts, cfg.rollout.n_samples_per_prompt, cfg.rollout.rollout_shuffle, cfg.rollout.rollout_seed)
     state = ckpt.load_state(resume) if resume else None
+    check_resume(cfg, resume, state)
+    dump = open_replay(cfg, tokenizer, state)  # checked before any model is built
+    model_cfg = cfg.model if resume is None or is_rollout_only(state) else type(cfg.model)(**{**cfg.model.__dict__, "hf_checkpoint": str(resume)})
+    model = build_model(model_cfg, tokenizer, cfg.seed).to(device)
+    trainer = NoTrain() if cfg.debug_rollout_only else build_trainer(cfg, model, device)
+    if cfg.debug_rollout_only:
+        print("debug_rollout_only: no trainer built (no optimizer, no weight sync; checkpoints hold no weights)", flush=True)
+    source = PromptSource(train_prompts, cfg.rollout.n_samples_per_prompt, cfg.rollout.rollout_shuffle, cfg.rollout.rollout_seed)
     tracker = build_tracker(cfg.logger, cfg.experiment_name, output_dir, resume_run_id=(state or {}).get("tracker_run_id"),
                             parent_run_id=parent_run_id)
-    rollout = wrap_rollout(build_rollout(cfg, model, tokenizer, output_dir), tokenizer, cfg.rollout.custom_generate,
-                           cfg.rollout.max_turns, metadatas)
+    if dump is not None:  # train-only replay: the dump's samples, no engine
+        rollout, buffer = ReplayRollout(dump), ReplayBuffer(dump, source, state["rollout_id"] + 1 if state else 0)
+    else:
+        rollout = wrap_rollout(build_rollout(cfg, model, tokenizer, output_dir), tokenizer, cfg.rollout.custom_generate,
+                               cfg.rollout.max_turns, metadatas)
+        rollout = NoWeightSync(rollout) if cfg.debug_rollout_only else rollout
+        buffer = DataBuffer(source, load_target(cfg.rollout.buffer_filter))
     comps = Components(tokenizer, train_prompts, eval_sets, source, trainer, rollout,
                        RewardScorer(cfg.reward), tracker, sampling, output_dir=output_dir, resumed_from=resume,
-                       buffer=DataBuffer(source, load_target(cfg.rollout.buffer_filter)))
+                       buffer=buffer, rollout_dump_meta=rollout_dump_meta(cfg, tokenizer))
     if state is not None:
         restore(comps, state)
     return comps

@@ -37,7 +37,7 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
         metrics |= rollout_metrics(samples, n) | got.metrics | weight_lag_metrics(samples, rollout_id) | c.scorer.metrics()
         metrics |= c.rollout.metrics() | perf_metrics(samples, t0, t1, t2, t3, t4)  # the backend's: sync requests, retries
         if cfg.save_debug_rollout_data:
-            write_rollout_data(cfg.save_debug_rollout_data, rollout_id, got)
+            write_rollout_data(cfg.save_debug_rollout_data, rollout_id, got, c.rollout_dump_meta)
         if due(step, cfg.eval.eval_interval, cfg.num_rollout) and c.eval_sets:  # eval
             metrics |= run_eval(cfg, c, step)
         c.tracker.log_metrics(metrics, step)  # log

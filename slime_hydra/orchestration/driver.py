@@ -21,6 +21,7 @@ from slime_hydra.data.buffer import DataBuffer
 from slime_hydra.engine import checkpoint as ckpt
 from slime_hydra.engine.build import Components, build_eval_sets, load_data, restore, seed_everything
 from slime_hydra.engine.checkpoint import resume_hint
+from slime_hydra.engine.debug_split import rollout_dump_meta
 from slime_hydra.engine.steps import rollout_sampling
 from slime_hydra.errors import ConfigError, UserError
 from slime_hydra.models.build import build_tokenizer
@@ -78,7 +79,8 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
         source = RemoteSource(manager, calls)
         comps = Components(tokenizer, train_prompts, eval_sets, source, trainer, rollout, RewardScorer(cfg.reward),
                            tracker, sampling, output_dir=output_dir, resumed_from=resume,
-                           buffer=DataBuffer(source, load_target(cfg.rollout.buffer_filter)))
+                           buffer=DataBuffer(source, load_target(cfg.rollout.buffer_filter)),
+                           rollout_dump_meta=rollout_dump_meta(cfg, tokenizer))
     except BaseException:
         placement.shutdown(pg, started)
         raise
