@@ -160,7 +160,7 @@ def test_cli_skip_trains_on_the_good_rows_and_logs_the_count(workdir):
     assert f"skipped 2 bad rows of 10 in {path} (data.on_bad_row=skip), the first: {path}:5: 'prompt'" in proc.stdout + proc.stderr
     summary = json.loads((workdir / "run" / "summary.json").read_text())
     assert summary["data/skipped_rows"]["last"] == 2
-    trained = [json.loads(x) for x in open(workdir / "debug" / "rollout_000000.jsonl")]
+    trained = [json.loads(x) for x in open(workdir / "debug" / "rollout_000000.jsonl")][1:]  # line 1: the dump's header
     # one rollout of 8 prompts × 4 samples is one epoch of exactly the 8 good rows
     assert sorted({s["prompt"] for s in trained}) == sorted(f"{a}+{a}=" for a in range(10, 18)) and len(trained) == 32
 
