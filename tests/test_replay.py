@@ -115,7 +115,7 @@ def test_bad_debug_keys_exit_2_through_the_cli(original):
     err = proc.stderr
     assert f"load_debug_rollout_data={tmp}/nothing/*.jsonl: no dump files match" in err
     assert "load_debug_rollout_data (train only) and debug_rollout_only=true (generate only) exclude each other" in err
-    assert "debug_rollout_only=true builds no trainer, so no warm start (warmstart.steps=5); set warmstart=none" in err
+    assert "debug_rollout_only=true builds no trainer, so no warm start (warmstart.steps=5); set warmstart.steps=0" in err
     assert "Traceback" not in err
     with pytest.raises(ConfigError, match="debug_train_only=true trains on saved rollouts"):
         compose_run(ARGS + ["debug_train_only=true"])

@@ -31,14 +31,15 @@ def check_debug(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
                             "written by save_debug_rollout_data, or a glob of such files)")
         if w.steps and w.target_train_accuracy is not None:
             problems.append("warmstart.target_train_accuracy checks the warm start by generating, and a train-only replay "
-                            "has no rollout engine; set warmstart.target_train_accuracy=null warmstart.min_steps=0 and "
-                            "warmstart.steps to the steps the dumped run took (its warmstart/steps metric), or warmstart=none")
+                            "has no rollout engine; set warmstart.steps=0 if the dumped run had no warm start, else "
+                            "warmstart.target_train_accuracy=null warmstart.min_steps=0 warmstart.steps=<its warmstart/steps "
+                            "metric>")
         if cfg.eval.eval_prompt_data:
             notes.append("load_debug_rollout_data: no rollout engine, so no eval (eval.eval_prompt_data is not run)")
     if cfg.debug_rollout_only:
         if w.steps:
             problems.append(f"debug_rollout_only=true builds no trainer, so no warm start (warmstart.steps={w.steps}); "
-                            "set warmstart=none")
+                            "set warmstart.steps=0")
         if not cfg.save_debug_rollout_data:
             notes.append("debug_rollout_only without save_debug_rollout_data: rollouts are generated and scored, not "
                          "saved; set save_debug_rollout_data=<dir> to keep them")
