@@ -128,7 +128,9 @@ def check_dump(dump: RolloutDump, meta: dict, start: int, num_rollout: int, roll
     """The dump against this run: same model and tokenizer, every rollout start..num_rollout-1 present, and each
     holding rollout_batch_size groups of n_samples_per_prompt."""
     problems = []
-    head = next(iter(dump.headers.values()))
+    rid = next((r for r, h in sorted(dump.headers.items()) if (h["model"]["name"], h["tokenizer"]) !=
+                (meta["model"]["name"], meta["tokenizer"])), min(dump.headers))
+    head = dump.headers[rid]  # the first file that differs from this run, if any
     if head["model"]["name"] != meta["model"]["name"]:
         problems.append(f"{KEY}={dump.spec} was written by model {head['model']['name']!r} "
                         f"(hf_checkpoint {head['model']['hf_checkpoint']}); this run's model.name is "
@@ -180,6 +182,7 @@ class ReplayBuffer:
         self.dump, self.source = dump, source
         self.next_rollout = start_rollout
         self.queue: list[Group] = []
+        self.by_index: dict[int, Sample] = {}  # the dumped samples served this rollout
 
     def get_groups(self, num_groups: int) -> list[Group]:
         if not self.queue:
@@ -188,6 +191,7 @@ class ReplayBuffer:
                                "does not hold (rollout.dynamic_sampling_filter dropped a replayed group, so the rollout "
                                "took the next one's); replay with a filter that judges a group alone")
             self.queue = self.dump.kept_groups(self.next_rollout)
+            self.by_index = {s.index: s for g in self.queue for s in g}
             self.next_rollout += 1
         served, self.queue = self.queue[:num_groups], self.queue[num_groups:]
         out = []
@@ -203,7 +207,10 @@ class ReplayBuffer:
 
     def add_groups(self, groups: list[Group], keep_generation: bool) -> None:
         """Unused groups (none in a replay that keeps what it serves) are served again first."""
-        self.queue = [[self.dump.served.pop(s.index) for s in g] for g in groups] + self.queue
+        for g in groups:
+            for s in g:
+                self.dump.served.pop(s.index, None)
+        self.queue = [[self.by_index[s.index] for s in g] for g in groups] + self.queue
 
     def __len__(self) -> int:
         return len(self.queue)
