@@ -119,3 +119,19 @@ def test_bad_debug_keys_exit_2_through_the_cli(original):
     assert "Traceback" not in err
     with pytest.raises(ConfigError, match="debug_train_only=true trains on saved rollouts"):
         compose_run(ARGS + ["debug_train_only=true"])
+
+
+def test_old_format_and_overlapping_dumps_are_named(tmp_path, original):
+    from slime_hydra.data.rollout_dump import read_dump
+
+    tmp, _ = original
+    old = tmp_path / "old"
+    old.mkdir()  # what save_debug_rollout_data wrote before format 2: text and rewards, no tokens
+    (old / "rollout_000000.jsonl").write_text(json.dumps({"rollout_id": 0, "prompt": "1+1=", "response": "2", "reward": 1.0}) + "\n")
+    assert read_dump(str(old))[1] == [f"load_debug_rollout_data: {old / 'rollout_000000.jsonl'}: a version-1 dump (text and "
+                                      "rewards only, no tokens or log-probs); regenerate it with save_debug_rollout_data"]
+    for name in ("a", "b"):  # two runs' dumps under one glob: two rollout 0s
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "rollout_000000.jsonl").write_text((tmp / "dump" / "rollout_000000.jsonl").read_text())
+    dump, problems = read_dump(f"{tmp_path}/[ab]/*.jsonl")
+    assert dump is None and f"rollout 0 is in both {tmp_path}/a/rollout_000000.jsonl and {tmp_path}/b/rollout_000000.jsonl" in problems[0]
