@@ -59,7 +59,7 @@ def start(work: Path, name: str, extra: list[str]) -> subprocess.Popen:
 def trained(rollouts: Path) -> dict[int, list[tuple]]:
     out = {}
     for f in sorted(rollouts.glob("*.jsonl")):
-        rows = [json.loads(line) for line in f.read_text().splitlines()]
+        rows = [json.loads(line) for line in f.read_text().splitlines()][1:]  # line 1: the dump's header
         out[int(f.stem.split("_")[1])] = [(r["group_index"], r["index"], r["prompt"], r["response"], r["reward"], r["weight_version"])
                             for r in rows if r["kept"]]
     return out
@@ -124,7 +124,7 @@ def test_async_rollout_rate_is_over_the_generation_time(killed_and_resumed):
     history = torch.load(work / "ref_ckpt" / "rollout_000009" / "state.pt", weights_only=False)["history"]
     tokens = {}
     for f in sorted((work / "ref_rollouts").glob("*.jsonl")):
-        rows = [json.loads(line) for line in f.read_text().splitlines()]
+        rows = [json.loads(line) for line in f.read_text().splitlines()][1:]  # line 1: the dump's header
         tokens[int(f.stem.split("_")[1]) + 1] = sum(r["response_length"] for r in rows if r["kept"])
     assert sorted(step for step, _ in history) == sorted(tokens) == list(range(1, 11))
     for step, m in history:

@@ -160,7 +160,7 @@ def test_cli_skip_trains_on_the_good_rows_and_logs_the_count(workdir):
     assert f"skipped 2 bad rows of 10 in {path} (data.on_bad_row=skip), the first: {path}:5: 'prompt'" in proc.stdout + proc.stderr
     summary = json.loads((workdir / "run" / "summary.json").read_text())
     assert summary["data/skipped_rows"]["last"] == 2
-    trained = [json.loads(x) for x in open(workdir / "debug" / "rollout_000000.jsonl")]
+    trained = [json.loads(x) for x in open(workdir / "debug" / "rollout_000000.jsonl")][1:]  # line 1: the dump's header
     # one rollout of 8 prompts × 4 samples is one epoch of exactly the 8 good rows
     assert sorted({s["prompt"] for s in trained}) == sorted(f"{a}+{a}=" for a in range(10, 18)) and len(trained) == 32
 
@@ -183,3 +183,27 @@ def test_shipped_eval_sets_keep_their_keys_when_the_training_data_uses_others(tm
         build_eval_sets(cfg, TOK, rollout_sampling(cfg.rollout, (TOK.eos_token_id,)))
     assert ("missing key 'question' (eval.eval_prompt_data.held.input_key); keys on this line: ['label', 'q']; set "
             "eval.eval_prompt_data.held.input_key to one of them (or eval=none to run without this eval set)") in str(info.value)
+
+
+def test_a_chat_training_file_with_its_own_keys_leaves_the_eval_sets_their_own(tmp_path):
+    """Issue 25 as a new user meets it: chat-format training rows read with data.input_key=question
+    data.label_key=answer data.metadata_key=meta; the shipped eval set keeps prompt/label/metadata, a user's eval
+    set names its own keys (unset ones inherit data.*), and a bad eval row names that eval set's key."""
+    from slime_hydra.engine.build import build_eval_sets, load_data
+    from slime_hydra.engine.steps import rollout_sampling
+
+    chat = [{"role": "user", "content": "1+1="}]
+    train = write(tmp_path / "train.jsonl", [json.dumps({"question": chat, "answer": "2", "meta": {"src": "t"}})])
+    held = write(tmp_path / "held.jsonl", [json.dumps({"prompt": "2+2=", "label": "4", "info": {"src": "h"}})])
+    keys = [f"data.prompt_data={train}", "data.input_key=question", "data.label_key=answer", "data.metadata_key=meta",
+            "data.apply_chat_template=true"]
+    cfg = compose_run(keys + [f"+eval.eval_prompt_data.held={{path: '{held}', input_key: prompt, label_key: label, metadata_key: info}}"])
+    assert [p.metadata for p in load_data(cfg, TOK)] == [{"src": "t"}]
+    sets = build_eval_sets(cfg, TOK, rollout_sampling(cfg.rollout, (TOK.eos_token_id,)))
+    assert len(sets["addition"].prompts) == 200 and sets["addition"].prompts[0].metadata == {}
+    assert [(p.label, p.metadata) for p in sets["held"].prompts] == [("4", {"src": "h"})]
+    bad = write(tmp_path / "bad.jsonl", [json.dumps({"prompt": "2+2=", "label": "4", "info": "h"})])
+    cfg = compose_run(keys + [f"+eval.eval_prompt_data.held={{path: '{bad}', input_key: prompt, label_key: label, metadata_key: info}}"])
+    with pytest.raises(DataError) as info:
+        build_eval_sets(cfg, TOK, rollout_sampling(cfg.rollout, (TOK.eos_token_id,)))
+    assert f"{bad}:1: 'info' (eval.eval_prompt_data.held.metadata_key) is a string; it must be an object" in str(info.value)

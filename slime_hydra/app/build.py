@@ -13,14 +13,18 @@ import torch
 
 from slime_hydra.app.algorithm import run_specs
 from slime_hydra.app.build_ray import build_ray
+from slime_hydra.app.debug_split import open_replay
 from slime_hydra.app.inputs import assemble, build_source, make_tracker, prepare
 from slime_hydra.config.schema import RunConfig
+from slime_hydra.data.rollout_dump import ReplayBuffer
 from slime_hydra.engine.components import Components, restore
 from slime_hydra.models.build import build_model
 from slime_hydra.protocols import RolloutBackend, TrainBackend
 from slime_hydra.rollout.local import LocalRollout
+from slime_hydra.rollout.replay import NoWeightSync, ReplayRollout
 from slime_hydra.rollout.sglang.checks import num_engines
 from slime_hydra.runtime import pick_device
+from slime_hydra.training.noop import NoTrain
 from slime_hydra.training.specs import AlgorithmSpecs
 from slime_hydra.training.torch_backend import TorchTrainBackend
 
@@ -56,14 +60,26 @@ def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) 
     if cfg.cluster.backend == "ray":  # placement group, train group, rollout manager: the same Components
         return build_ray(cfg, output_dir, parent_run_id)
     inputs = prepare(cfg)
+    dump = open_replay(cfg, inputs.tokenizer, inputs.state)  # load_debug_rollout_data: checked before any model is built
     source = build_source(cfg, inputs.tokenizer, inputs.train_prompts)  # streaming: its workers read while the model builds
     device = pick_device(cfg.cluster.device)
     model = build_model(inputs.model, inputs.tokenizer, cfg.seed).to(device)
     specs = run_specs(cfg)  # names turned into the trainer's and the advantage step's callables
-    trainer = build_trainer(cfg, specs, model, device)
+    if cfg.debug_rollout_only:  # slime's --debug-rollout-only: generate, score and dump; nothing trains
+        trainer: TrainBackend = NoTrain()
+        print("debug_rollout_only: no trainer built (no optimizer, no weight sync; checkpoints hold no weights)", flush=True)
+    else:
+        trainer = build_trainer(cfg, specs, model, device)
     tracker = make_tracker(cfg, inputs, output_dir, parent_run_id)
-    rollout = build_rollout(cfg, model, inputs.tokenizer, output_dir)
-    comps = assemble(cfg, inputs, source, trainer, rollout, tracker, specs.advantage, output_dir)
+    buffer = None
+    if dump is not None:  # slime's --load-debug-rollout-data: the dump's samples, no engine
+        start = inputs.state["rollout_id"] + 1 if inputs.state else 0
+        rollout: RolloutBackend = ReplayRollout(dump)
+        buffer = ReplayBuffer(dump, source, start)
+    else:
+        rollout = build_rollout(cfg, model, inputs.tokenizer, output_dir)
+        rollout = NoWeightSync(rollout) if cfg.debug_rollout_only else rollout
+    comps = assemble(cfg, inputs, source, trainer, rollout, tracker, specs.advantage, output_dir, buffer)
     if inputs.state is not None:
         restore(comps, inputs.state)
     return comps

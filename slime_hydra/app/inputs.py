@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from slime_hydra.agent.hook import check_sample_overrides, wrap_rollout
+from slime_hydra.app.debug_split import check_resume, is_rollout_only, rollout_dump_meta
 from slime_hydra.config.datafiles import resolve
 from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import ModelConfig, RunConfig
@@ -82,7 +83,7 @@ def build_eval_sets(cfg: RunConfig, tokenizer, sampling: SamplingParams) -> dict
     d, sets = cfg.data, {}
     for name, ds in eval_datasets(cfg).items():
         prompts = load_prompts(ds.path, tokenizer, input_key=ds.input_key, label_key=ds.label_key,
-                               metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template,
+                               metadata_key=ds.metadata_key, apply_chat_template=d.apply_chat_template,
                                max_prompt_len=d.rollout_max_prompt_len, what=f"eval.eval_prompt_data.{name}",
                                tool_key=d.tool_key, on_bad_row=d.on_bad_row, key_prefix=f"eval.eval_prompt_data.{name}")
         scorer = RewardScorer(dataclasses.replace(cfg.reward, rm_type=ds.rm_type), cfg.eval.eval_reward_key)
@@ -95,13 +96,17 @@ def prepare(cfg: RunConfig) -> Inputs:
     seed_everything(cfg.seed)
     tokenizer = build_tokenizer(cfg.model)
     sampling = rollout_sampling(cfg.rollout, (tokenizer.eos_token_id,))
-    train_prompts, eval_sets = load_data(cfg, tokenizer), build_eval_sets(cfg, tokenizer, sampling)
+    train_prompts = load_data(cfg, tokenizer)
+    # a train-only replay has no rollout engine to evaluate with
+    eval_sets = {} if cfg.load_debug_rollout_data else build_eval_sets(cfg, tokenizer, sampling)
     metadatas = [p.metadata for p in train_prompts] + [p.metadata for es in eval_sets.values() for p in es.prompts]
     if problems := check_sample_overrides(metadatas, "data"):  # per-sample generate hooks, before any model
         raise ConfigError(problems)
     resume = ckpt.resolve_checkpoint(cfg.load) if cfg.load else None
-    model = cfg.model if resume is None else dataclasses.replace(cfg.model, hf_checkpoint=str(resume))
     state = ckpt.load_state(resume) if resume else None
+    check_resume(cfg, resume, state)  # a rollout-only checkpoint resumes only a rollout-only run
+    # a rollout-only checkpoint holds no weights: the run starts from model.hf_checkpoint again
+    model = cfg.model if resume is None or is_rollout_only(state) else dataclasses.replace(cfg.model, hf_checkpoint=str(resume))
     return Inputs(tokenizer, sampling, train_prompts, eval_sets, metadatas, resume, model, state)
 
 
@@ -112,11 +117,14 @@ def make_tracker(cfg: RunConfig, inputs: Inputs, output_dir: str, parent_run_id:
 
 
 def assemble(cfg: RunConfig, inputs: Inputs, source, trainer: TrainBackend, rollout: RolloutBackend, tracker: Tracker,
-             advantage: AdvantageSpec, output_dir: str) -> Components:
-    """The loop's Components; the rollout backend wrapped by the generate hook (rollout.custom_generate), if any."""
-    rollout = wrap_rollout(rollout, inputs.tokenizer, cfg.rollout.custom_generate, cfg.rollout.max_turns, inputs.metadatas,
-                           any_sample=cfg.data.streaming)
+             advantage: AdvantageSpec, output_dir: str, buffer: Optional[DataBuffer] = None) -> Components:
+    """The loop's Components. A generating rollout backend is wrapped by the generate hook (rollout.custom_generate),
+    if any; a replay (`buffer` given: the dump's samples) generates nothing and is not."""
+    if buffer is None:
+        rollout = wrap_rollout(rollout, inputs.tokenizer, cfg.rollout.custom_generate, cfg.rollout.max_turns,
+                               inputs.metadatas, any_sample=cfg.data.streaming)
+        buffer = DataBuffer(source, load_target(cfg.rollout.buffer_filter))
     return Components(inputs.tokenizer, inputs.train_prompts, inputs.eval_sets, source, trainer, rollout,
                       RewardScorer(cfg.reward), tracker, inputs.sampling, advantage, output_dir=output_dir,
-                      resumed_from=inputs.resume,
-                      buffer=DataBuffer(source, load_target(cfg.rollout.buffer_filter)))
+                      resumed_from=inputs.resume, buffer=buffer,
+                      rollout_dump_meta=rollout_dump_meta(cfg, inputs.tokenizer))

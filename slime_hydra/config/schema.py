@@ -238,8 +238,9 @@ class EvalDatasetConfig:
     """One eval dataset; None fields fall back to the eval group's, then the data/rollout group's values."""
 
     path: str = MISSING
-    input_key: Optional[str] = None
+    input_key: Optional[str] = None  # None: data.input_key (the shipped eval sets name theirs)
     label_key: Optional[str] = None
+    metadata_key: Optional[str] = None
     rm_type: Optional[str] = None
     n_samples_per_eval_prompt: Optional[int] = None
     eval_temperature: Optional[float] = None
@@ -434,6 +435,13 @@ class RunConfig:
     # a directory: each rollout's samples (kept and dropped) go to rollout_NNNNNN.jsonl in it; or a path
     # with "{rollout_id}" (quote it on the command line: save_debug_rollout_data='dir/{rollout_id}.jsonl')
     save_debug_rollout_data: Optional[str] = None
+    # slime's debug split (README "Replay and rollout-only"). load_debug_rollout_data: a directory or glob of dumps
+    # written by save_debug_rollout_data; the run trains on their samples with no rollout engine (implies
+    # debug_train_only, which alone has nothing to train on). debug_rollout_only: generate and score (and dump) with
+    # no trainer built; its checkpoints hold no weights and only a rollout-only run resumes them.
+    load_debug_rollout_data: Optional[str] = None
+    debug_train_only: bool = False
+    debug_rollout_only: bool = False
     save: Optional[str] = None  # checkpoint directory; None: <output_dir>/checkpoints
     save_interval: Optional[int] = None  # rollouts between checkpoints; the last one is always saved
     # resume from: one checkpoint directory (<save>/rollout_NNNNNN), which must load (a broken file stops the run with

@@ -18,6 +18,7 @@ from slime_hydra.config.schema import EvalDatasetConfig, RunConfig
 from slime_hydra.config.validate_algorithm import GROUP_BASELINE, check_algorithm
 from slime_hydra.config.validate_buffer import check_buffer, derive_num_rollout
 from slime_hydra.config.validate_data import check_prompt_data, check_streaming
+from slime_hydra.config.validate_debug import check_debug
 from slime_hydra.config.validate_microbatch import check_microbatch
 from slime_hydra.config.validate_model import check_model_training
 from slime_hydra.config.validate_ray import check_ray_pairing
@@ -226,6 +227,7 @@ def eval_datasets(cfg: RunConfig, problems: Optional[list[str]] = None) -> dict[
         pick = lambda v, *fallbacks: next((x for x in (v, *fallbacks) if x is not None), None)  # noqa: E731
         out[name] = EvalDatasetConfig(
             path=ds.path, input_key=pick(ds.input_key, cfg.data.input_key), label_key=pick(ds.label_key, cfg.data.label_key),
+            metadata_key=pick(ds.metadata_key, cfg.data.metadata_key),
             rm_type=pick(ds.rm_type, cfg.reward.rm_type),
             n_samples_per_eval_prompt=pick(ds.n_samples_per_eval_prompt, e.n_samples_per_eval_prompt),
             eval_temperature=pick(ds.eval_temperature, e.eval_temperature, r.rollout_temperature),
@@ -247,6 +249,7 @@ def check(cfg: RunConfig) -> tuple[RunConfig, list[str], list[str]]:
     check_microbatch(cfg, problems, notes)
     derive_num_rollout(cfg, problems, notes)
     check_run(cfg, problems)
+    check_debug(cfg, problems, notes)
     check_buffer(cfg, problems, notes)
     check_data(cfg, problems)
     check_target("reward.custom_rm", cfg.reward.custom_rm, 1, problems)

@@ -37,7 +37,7 @@ class RowKeys:
     label_key: Optional[str]
     metadata_key: str = "metadata"
     tool_key: Optional[str] = None
-    prefix: str = "data"  # or "eval.eval_prompt_data.<name>"; metadata_key and tool_key are always data.*
+    prefix: str = "data"  # or "eval.eval_prompt_data.<name>"; tool_key is always data.*
 
 
 @dataclass
@@ -104,7 +104,7 @@ def check_row(row: Any, keys: RowKeys) -> list[str]:
                             "the reward compares the response with it: give a string or a number")
     meta = row.get(keys.metadata_key)
     if meta is not None and not isinstance(meta, dict):
-        problems.append(f"{keys.metadata_key!r} (data.metadata_key) is {json_type(meta)}; it must be an object or absent")
+        problems.append(f"{keys.metadata_key!r} ({keys.prefix}.metadata_key) is {json_type(meta)}; it must be an object or absent")
     tools = row.get(keys.tool_key) if keys.tool_key else None
     if tools is not None and not (isinstance(tools, (list, tuple)) and all(isinstance(t, dict) for t in tools)):
         problems.append(f"{keys.tool_key!r} (data.tool_key) is {json_type(tools)}; it must be a list of tool objects or absent")

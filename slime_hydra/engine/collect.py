@@ -12,14 +12,13 @@ A dropped group is consumed, as in slime. Sync and async loops share this functi
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Optional
 
 from slime_hydra.aio import run_sync
 from slime_hydra.data.buffer import DataBuffer, Group, is_done
+from slime_hydra.data.rollout_dump import write_rollout_dump
 from slime_hydra.errors import RunError
 from slime_hydra.protocols import RolloutBackend, Scorer
 from slime_hydra.types import Sample, SamplingParams, Status
@@ -133,16 +132,7 @@ def rollout_plan(r) -> RolloutPlan:
                        r.max_dynamic_sampling_rounds)
 
 
-def write_rollout_data(template: str, rollout_id: int, got: Collected) -> None:
-    """save_debug_rollout_data (a directory, or a path with "{rollout_id}"): one line per sample, the trained ones and
-    the dropped ones (with the reason)."""
-    name = f"rollout_{rollout_id:06d}.jsonl"
-    path = Path(template.replace("{rollout_id}", str(rollout_id)) if "{rollout_id}" in template else Path(template) / name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [(s, "") for s in got.samples] + [(s, reason) for g, reason in got.dropped for s in g]
-    with open(path, "w") as f:
-        for s, reason in rows:
-            f.write(json.dumps({"rollout_id": rollout_id, "group_index": s.group_index, "index": s.index, "prompt": s.prompt,
-                                "label": s.label, "response": s.response, "reward": s.reward, "status": s.status.value,
-                                "response_length": s.response_length, "weight_version": s.weight_version,
-                                "loss_mask_sum": sum(s.loss_mask or []), "kept": not reason, "dropped_reason": reason}) + "\n")
+def write_rollout_data(template: str, rollout_id: int, got: Collected, meta: dict) -> None:
+    """save_debug_rollout_data (a directory, or a path with "{rollout_id}"): every sample, the trained ones and the
+    dropped ones (with the reason), in the versioned format a replay reads (data/rollout_dump.py)."""
+    write_rollout_dump(template, rollout_id, got.samples, got.dropped, meta)

@@ -45,6 +45,7 @@ class Components:
     resumed_from: Optional[Path] = None
     buffer: Optional[DataBuffer] = None  # None: a first-in first-out buffer over `source`
     state: LoopState = field(default_factory=LoopState)
+    rollout_dump_meta: dict = field(default_factory=dict)  # the header of save_debug_rollout_data's files
 
     def __post_init__(self):
         if self.buffer is None:

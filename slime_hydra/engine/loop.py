@@ -44,7 +44,7 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
             metrics |= c.rollout.metrics() | perf_metrics(samples, t0, t1, t2, t3, t4) | feed.metrics(got, t1 - t0)
             metrics |= c.source.metrics()  # streamed data: bad rows skipped so far (data.on_bad_row=skip)
             if cfg.save_debug_rollout_data:
-                write_rollout_data(cfg.save_debug_rollout_data, rollout_id, got)
+                write_rollout_data(cfg.save_debug_rollout_data, rollout_id, got, c.rollout_dump_meta)
             if due(step, cfg.eval.eval_interval, cfg.num_rollout) and c.eval_sets:  # eval, on the latest weights
                 feed.settle()
                 metrics |= run_eval(cfg, c, step)

@@ -13,31 +13,37 @@ from slime_hydra.orchestration.rollout_manager import RemoteSource
 from slime_hydra.protocols import PromptSource, RolloutBackend, Scorer, Tracker, TrainBackend
 from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.rollout.local import LocalRollout
+from slime_hydra.rollout.replay import NoWeightSync, ReplayRollout
 from slime_hydra.rollout.sglang.backend import SGLangRollout
 from slime_hydra.tracking.base import NullTracker
 from slime_hydra.tracking.mlflow_tracker import MLflowTracker
 from slime_hydra.tracking.tensorboard_tracker import TensorBoardTracker
 from slime_hydra.training.distributed import DataParallelTorchBackend
 from slime_hydra.training.megatron.backend import MegatronTrainBackend
+from slime_hydra.training.noop import NoTrain
 from slime_hydra.training.torch_backend import TorchTrainBackend
 
 
-def rollout_backends(local: LocalRollout, sglang: SGLangRollout, remote: RemoteRollout, agent: AgentRollout) -> None:
+def rollout_backends(local: LocalRollout, sglang: SGLangRollout, remote: RemoteRollout, agent: AgentRollout,
+                     replay: ReplayRollout, no_sync: NoWeightSync) -> None:
     r: RolloutBackend
     r = local
     r = sglang
     r = remote
     r = agent
+    r = replay
+    r = no_sync
 
 
 def train_backends(torch_: TorchTrainBackend, data_parallel: DataParallelTorchBackend, megatron: MegatronTrainBackend,
-                   ray_group: TrainGroup, ray_megatron: MegatronTrainGroup) -> None:
+                   ray_group: TrainGroup, ray_megatron: MegatronTrainGroup, no_train: NoTrain) -> None:
     t: TrainBackend
     t = torch_
     t = data_parallel
     t = megatron
     t = ray_group
     t = ray_megatron
+    t = no_train
 
 
 def trackers(mlflow: MLflowTracker, tensorboard: TensorBoardTracker, null: NullTracker) -> None:
