@@ -127,3 +127,20 @@ def test_watchdog_and_reward_deadlines_are_checked_before_anything_starts():
     assert "stall_timeout_factor=0.0 must be > 0; stall_watchdog=false switches the watchdog off" in text
     assert "stall_min_timeout_s=-1.0 must be > 0" in text and "reward.custom_rm_timeout_s=0.0 must be > 0" in text
     compose_run(["stall_watchdog=false"])
+
+
+def test_ray_run_whose_reward_hangs_dumps_every_actor_s_stacks(workdir, monkeypatch):
+    """Under cluster.backend=ray the stall dump holds, after the driver's threads, every actor's stacks (the train
+    rank, the rollout manager, its engine), each taken by SIGUSR2 through faulthandler (orchestration/stacks.py)."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    r = run_cli([*FAST, "logger=none", "eval=none", "num_rollout=5", "save_interval=1", "cluster.backend=ray",
+                 "+reward.custom_rm._target_=tests.test_watchdog.hangs_after_two_rollouts", "reward.custom_rm_timeout_s=3600",
+                 "stall_min_timeout_s=20", "stall_timeout_factor=3", "output_dir=out"], workdir, timeout=400)
+    assert r.returncode == 3, (r.returncode, r.stderr[-3000:])
+    assert "stall: no rollout step finished in" in r.stderr, r.stderr[-3000:]
+    dump = (workdir / "out" / "stall_stacks.txt").read_text()
+    assert "hangs_after_two_rollouts" in dump and "=== other processes ===" in dump
+    for label in ("train rank 0", "rollout manager", "rollout engine 0"):
+        section = dump.split(f"--- {label} (pid ", 1)
+        assert len(section) == 2, (label, dump[-3000:])
+        assert "Thread 0x" in section[1].split("\n--- ", 1)[0] or "Current thread" in section[1], (label, section[1][:2000])

@@ -12,6 +12,7 @@ builder (data, tokenizer, resume, the Components' assembly) is app/inputs.py.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Optional
 
@@ -25,7 +26,7 @@ from slime_hydra.training.specs import AlgorithmSpecs
 
 def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) -> Components:
     # orchestration imports ray (~2 s, and a cluster's worth of threads): only for cluster.backend=ray
-    from slime_hydra.orchestration import placement
+    from slime_hydra.orchestration import placement, stacks
     from slime_hydra.orchestration.calls import RayCalls
     from slime_hydra.orchestration.rollout_manager import RemoteRollout, RemoteSource, RolloutManager
 
@@ -52,29 +53,17 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
 
         rollout = RemoteRollout(manager, calls, on_shutdown=teardown)
         comps = assemble(cfg, inputs, RemoteSource(manager, calls), trainer, rollout, tracker, specs.advantage, output_dir)
+        if cfg.stall_watchdog:  # a stall dumps every actor's stacks too, beside the driver's
+            where = str((Path(output_dir) / "actor_stacks").resolve())  # the actors' working directory is not ours
+            procs = trainer.register_stacks(where) + calls.get(manager.register_stacks.remote(where),
+                                                               "registering stack dumps", ["the rollout manager"])
+            comps.more_stacks = functools.partial(stacks.collect, procs)
     except BaseException:
         placement.shutdown(pg, started)
         raise
     if inputs.state is not None:
         restore(comps, inputs.state)
     return comps
-
-
-def build_train_group(cfg: RunConfig, specs: AlgorithmSpecs, model_cfg, pg, layout, calls, tracking_uri: Optional[str],
-                      run_id: Optional[str]):
-    """The train ranks of `train.backend`, set up: torch data-parallel ranks (the driver splits each batch) or megatron
-    ranks (TP/PP/DP from `parallelism`; every rank takes the whole batch)."""
-    from slime_hydra.orchestration.megatron_group import MegatronTrainGroup
-    from slime_hydra.orchestration.train_group import TrainGroup
-
-    c, temperature = cfg.cluster, cfg.rollout.rollout_temperature
-    if cfg.train.backend == "megatron":
-        group = MegatronTrainGroup(pg, layout, c.num_threads, calls, c.distributed_timeout_s)
-        group.setup(model_cfg, cfg.parallelism, specs, cfg.train.megatron, temperature, cfg.seed)
-        return group
-    group = TrainGroup(pg, layout, c.num_threads, tracking_uri, run_id, calls, c.distributed_timeout_s)
-    group.setup(model_cfg, specs, temperature, cfg.seed)
-    return group
 
 
 def build_train_group(cfg: RunConfig, specs: AlgorithmSpecs, model_cfg, pg, layout, calls, tracking_uri: Optional[str],

@@ -49,7 +49,7 @@ def watchdog(cfg: RunConfig, c, out: Path, save_dir: str):
     if not cfg.stall_watchdog:
         return contextlib.nullcontext()
     return StallWatchdog(lambda: len(c.state.history), cfg.stall_timeout_factor, cfg.stall_min_timeout_s,
-                         out / "stall_stacks.txt", lambda: resume_hint(save_dir))
+                         out / "stall_stacks.txt", lambda: resume_hint(save_dir), more_stacks=c.more_stacks)
 
 
 def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_run_id: str | None = None) -> dict[str, Any]:

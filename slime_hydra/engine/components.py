@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -46,6 +46,7 @@ class Components:
     buffer: Optional[DataBuffer] = None  # None: a first-in first-out buffer over `source`
     state: LoopState = field(default_factory=LoopState)
     rollout_dump_meta: dict = field(default_factory=dict)  # the header of save_debug_rollout_data's files
+    more_stacks: Optional[Callable[[], str]] = None  # cluster.backend=ray: every actor's stacks, for the stall watchdog
 
     def __post_init__(self):
         if self.buffer is None:

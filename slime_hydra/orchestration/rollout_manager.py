@@ -23,8 +23,10 @@ import ray
 
 from slime_hydra.aio import run_sync
 from slime_hydra.config.schema import ModelConfig, RolloutConfig
+from slime_hydra.orchestration import stacks
 from slime_hydra.orchestration.calls import RayCalls, get
 from slime_hydra.orchestration.placement import Layout, on_bundle
+from slime_hydra.orchestration.stacks import ActorProcess
 from slime_hydra.types import Sample, SamplingParams
 
 
@@ -55,6 +57,9 @@ class RolloutEngine:
     def load_state_dict(self, state: dict) -> None:
         self.engine.load_state_dict(state)
 
+    def register_stacks(self, label: str, directory: str) -> ActorProcess:
+        return stacks.register(label, directory)
+
 
 class RolloutManager:
     """Owns the engines and the prompt source (a Ray actor that itself takes no CPU)."""
@@ -76,6 +81,12 @@ class RolloutManager:
 
     def num_engines(self) -> int:
         return len(self.engines)
+
+    def register_stacks(self, directory: str) -> list[ActorProcess]:
+        """This actor's and every engine's stack dump on SIGUSR2 (orchestration/stacks.py: the stall watchdog)."""
+        engines = get([e.register_stacks.remote(label, directory) for e, label in zip(self.engines, self.labels)],
+                      "registering stack dumps", self.timeout_s, self.labels)
+        return [stacks.register("rollout manager", directory), *engines]
 
     def next_groups(self, num_groups: int) -> list[list[Sample]]:
         return self.source.next_groups(num_groups)

@@ -23,8 +23,10 @@ import ray
 import torch
 
 from slime_hydra.config.schema import ModelConfig
+from slime_hydra.orchestration import stacks
 from slime_hydra.orchestration.calls import RayCalls
 from slime_hydra.orchestration.placement import Layout, node_ip_and_free_port, on_bundle
+from slime_hydra.orchestration.stacks import ActorProcess
 from slime_hydra.protocols import TrainBatch
 from slime_hydra.runtime import seed_everything
 from slime_hydra.training.specs import AlgorithmSpecs
@@ -63,6 +65,9 @@ class TrainRank:
 
     def address(self) -> tuple[str, int]:
         return node_ip_and_free_port()
+
+    def register_stacks(self, directory: str) -> ActorProcess:
+        return stacks.register(f"train rank {self.rank}", directory)
 
     def setup(self, init_method: str, distributed_timeout_s: float, model: ModelConfig, specs: AlgorithmSpecs,
               temperature: float, seed: int) -> None:
@@ -184,6 +189,10 @@ class TrainGroup:
 
     def _all(self, name: str, *args: Any) -> Any:
         return self.calls.get([r.call.remote(name, *args) for r in self.ranks], name, self.labels)[0]
+
+    def register_stacks(self, directory: str) -> list[ActorProcess]:
+        """Each rank dumps its stacks to `directory` on SIGUSR2 (orchestration/stacks.py: the stall watchdog)."""
+        return self.calls.get([r.register_stacks.remote(directory) for r in self.ranks], "registering stack dumps", self.labels)
 
     def shutdown(self) -> None:
         """Bounded: a rank still stuck in the call that failed does not answer; it is killed all the same."""
