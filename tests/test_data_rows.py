@@ -189,7 +189,7 @@ def test_a_chat_training_file_with_its_own_keys_leaves_the_eval_sets_their_own(t
     """Issue 25 as a new user meets it: chat-format training rows read with data.input_key=question
     data.label_key=answer data.metadata_key=meta; the shipped eval set keeps prompt/label/metadata, a user's eval
     set names its own keys (unset ones inherit data.*), and a bad eval row names that eval set's key."""
-    from slime_hydra.engine.build import build_eval_sets, load_data
+    from slime_hydra.app.inputs import build_eval_sets, load_data
     from slime_hydra.engine.steps import rollout_sampling
 
     chat = [{"role": "user", "content": "1+1="}]

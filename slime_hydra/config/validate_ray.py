@@ -1,6 +1,6 @@
 """What `cluster.backend=ray` can drive today, checked at validation (before Ray, data or models start).
 
-The Ray driver (orchestration/driver.py) places torch or megatron train ranks and in-process `local` engines.
+The Ray builder (app/build_ray.py) places torch or megatron train ranks and in-process `local` engines.
 SGLang engines owned by Ray actors and the critic's all-reduce over data-parallel ranks are issue 22's work;
 until they land a config asking for them is refused here, with every key to change, rather than after data
 loading at launch. (The megatron layout against the ranks is checked beside the backend: training/megatron/checks.py.)
