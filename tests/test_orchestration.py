@@ -185,16 +185,43 @@ def test_custom_generate_hook_runs_over_the_ray_engines(ray_cluster, tmp_path):
         assert dist[k]["first"] == pytest.approx(local[k]["first"], abs=1e-9), k
 
 
+def test_ray_ppo_matches_in_process_ppo(ray_cluster, tmp_path):
+    """PPO on 2 torch ranks: the critic's value-loss denominators are summed and its gradients all-reduced over the
+    ranks (training/distributed.DataParallelCritic), so its train/value_* metrics and the policy's agree with one
+    process to float32 rounding. Without the all-reduce each rank's critic would step on half the gradient: the
+    ranks' value_grad_norm (reported by rank 0) would be about half the one-process norm and the loss would differ."""
+    import json
+
+    from slime_hydra.app.session import run_session
+
+    # rewards that differ within a group from the first rollout on: returns, values and the value loss are not 0
+    common = FAST + ["algorithm=ppo", "logger=none", "num_rollout=2", "save_interval=null", "eval=none",
+                     "+reward.custom_rm._target_=tests.test_replay.digit_reward"]
+    run_session(compose_run(common), str(tmp_path / "local"), common)
+    ray_args = common + ["cluster.backend=ray", "cluster.actor_num_gpus_per_node=2", "cluster.rollout_num_gpus=1"]
+    run_session(compose_run(ray_args), str(tmp_path / "ray"), ray_args)
+    local = json.loads((tmp_path / "local" / "summary.json").read_text())
+    dist = json.loads((tmp_path / "ray" / "summary.json").read_text())
+    assert dist["rollout/reward_mean"]["first"] == local["rollout/reward_mean"]["first"]  # same first rollout
+    value_keys = sorted(k for k in local if k.startswith("train/value"))
+    assert "train/value_grad_norm" in value_keys and "train/value_loss" in value_keys
+    assert sorted(k for k in dist if k.startswith("train/")) == sorted(k for k in local if k.startswith("train/"))
+    assert local["train/value_loss"]["first"] > 0 and local["train/value_grad_norm"]["first"] > 0
+    for k in sorted(k for k in local if k.startswith("train/")):
+        for at in ("first", "last"):  # the last: rollout 2, after both critics (and policies) stepped
+            assert dist[k][at] == pytest.approx(local[k][at], rel=1e-4, abs=1e-6), (k, at)
+
+
 def test_ray_refuses_what_it_cannot_drive_at_validation(workdir):
-    """SGLang engines and PPO's critic under Ray are issue 22's work: until then the run stops at validation with
-    exit 2, every key named at once, before Ray starts and before any data or model loads. Megatron ranks are driven
-    (tests/test_ray_megatron.py): train=megatron is not among the refusals."""
+    """SGLang engines under Ray are issue 22's work: until then the run stops at validation with exit 2, every key
+    named at once, before Ray starts and before any data or model loads. Megatron ranks (tests/test_ray_megatron.py)
+    and PPO's critic on torch ranks (test_ray_ppo_matches_in_process_ppo) are driven: not among the refusals."""
     proc = run_cli([*FAST, "logger=none", "num_rollout=1", "cluster.backend=ray", "train=megatron", "rollout=sglang",
                     "algorithm=ppo"], workdir, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-    for key, value in (("rollout.backend", "sglang"), ("algorithm.advantage_estimator", "ppo")):
-        assert f"cluster.backend=ray does not drive {key}={value} yet" in proc.stderr, (key, proc.stderr[-3000:])
-    assert "does not drive train.backend" not in proc.stderr
+    assert "cluster.backend=ray does not drive rollout.backend=sglang yet" in proc.stderr, proc.stderr[-3000:]
+    assert "needs a critic, which train.backend=megatron does not have" in proc.stderr  # the one-process rule, also here
+    assert "does not drive train.backend" not in proc.stderr and "does not drive algorithm" not in proc.stderr
     assert "cluster.backend=local" in proc.stderr
     assert not (workdir / "outputs").exists() or not list((workdir / "outputs").rglob("checkpoints"))

@@ -1,8 +1,8 @@
 """What `cluster.backend=ray` can drive today, checked at validation (before Ray, data or models start).
 
-The Ray builder (app/build_ray.py) places torch or megatron train ranks and in-process `local` engines.
-SGLang engines owned by Ray actors and the critic's all-reduce over data-parallel ranks are issue 22's work;
-until they land a config asking for them is refused here, with every key to change, rather than after data
+The Ray builder (app/build_ray.py) places torch or megatron train ranks (with PPO's critic on torch ranks) and
+in-process `local` engines. SGLang engines owned by Ray actors are issue 22's work; until they land a config
+asking for them is refused here, with every key to change, rather than after data
 loading at launch. (The megatron layout against the ranks is checked beside the backend: training/megatron/checks.py.)
 """
 
@@ -13,7 +13,6 @@ from slime_hydra.config.schema import AlgorithmConfig, ClusterConfig, RolloutCon
 # (config key, value Ray cannot drive yet, what to set instead)
 RAY_UNSUPPORTED = (
     ("rollout.backend", "sglang", "rollout=local, or cluster.backend=local (SGLang engines beside one process)"),
-    ("algorithm.advantage_estimator", "ppo", "a critic-free algorithm (grpo, gspo, reinforce_plus_plus, ...), or cluster.backend=local"),
 )
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import copy
 from collections import defaultdict
 
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -83,8 +85,8 @@ class TorchCritic:
         sums: dict[str, float] = defaultdict(float)
         for step in range(steps):
             idx = torch.arange(step * gbs, (step + 1) * gbs)
-            denom = L.step_denominator([batch.loss_mask[idx]], mode, self.max_response_len)
-            metric_denom = L.step_denominator([batch.loss_mask[idx]], metric_mode)
+            denom = self._step_denominator([batch.loss_mask[idx]], mode, self.max_response_len)
+            metric_denom = self._step_denominator([batch.loss_mask[idx]], metric_mode)
             self.optimizer.zero_grad(set_to_none=True)
             m: dict[str, float] = defaultdict(float)
             for mb_idx in self._micro_batches(batch, idx, forward_only=False):
@@ -98,6 +100,7 @@ class TorchCritic:
                 m["train/value_loss"] += loss.item()
                 m["train/value_clipfrac"] += L.aggregate(clipped, mask, metric_mode, metric_denom).item()
                 m["train/values_mean"] += L.aggregate(v.detach(), mask, metric_mode, metric_denom).item()
+            self._reduce_gradients()
             max_norm = self.spec.optim.clip_grad if self.spec.optim.clip_grad > 0 else float("inf")
             m["train/value_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
             self.optimizer.step()
@@ -105,6 +108,13 @@ class TorchCritic:
             for k, val in m.items():
                 sums[k] += val / steps
         return dict(sums)
+
+    def _step_denominator(self, masks: list[torch.Tensor], mode: str, max_response_len: Optional[int] = None) -> float:
+        """The step's aggregation denominator (data-parallel ranks: summed over them, training/distributed.py)."""
+        return L.step_denominator(masks, mode, max_response_len)
+
+    def _reduce_gradients(self) -> None:
+        """Before the optimizer step: nothing in one process (data-parallel ranks: the sum over them)."""
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),

@@ -16,20 +16,24 @@ watchdog thread, as torch's TORCH_NCCL_ASYNC_ERROR_HANDLING says (default 3, Ski
 torn down), so the driver sees the rank die and names it; set to 0, nothing fires and the driver's
 `cluster.ray_call_timeout_s` is the deadline.
 
-Left out: sharded optimizer state, bucketed overlap of communication with backward, and the critic
-(that is what the megatron backend is for); the tiny model's gradients fit one flat buffer.
+PPO's critic (training/critic.py) steps the same way: its value-loss denominators are summed over the ranks and
+its gradients all-reduced before its clip and step (DataParallelCritic).
+
+Left out: sharded optimizer state and bucketed overlap of communication with backward (that is what the
+megatron backend is for); the tiny model's gradients fit one flat buffer.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
 
 from slime_hydra.errors import RunError
+from slime_hydra.training.critic import TorchCritic
 from slime_hydra.training.torch_backend import TorchTrainBackend
 
 KEY = "cluster.distributed_timeout_s"
@@ -79,8 +83,20 @@ def all_reduce_gradients(params: list[torch.nn.Parameter]) -> None:
         offset += g.numel()
 
 
+class DataParallelCritic(TorchCritic):
+    """TorchCritic whose optimizer steps see the value-loss gradient of the step's samples on all ranks."""
+
+    def _step_denominator(self, masks: list[torch.Tensor], mode: str, max_response_len: Optional[int] = None) -> float:
+        return all_reduce_sum(super()._step_denominator(masks, mode, max_response_len), self.device)
+
+    def _reduce_gradients(self) -> None:
+        all_reduce_gradients([p for p in self.model.parameters() if p.grad is not None])
+
+
 class DataParallelTorchBackend(TorchTrainBackend):
     """TorchTrainBackend whose optimizer steps see the gradient of the step's samples on all ranks."""
+
+    critic_cls = DataParallelCritic
 
     def _step_denominator(self, masks: list[torch.Tensor], mode: str) -> float:
         return all_reduce_sum(super()._step_denominator(masks, mode), self.device)

@@ -34,6 +34,7 @@ from slime_hydra.training.specs import BatchSpec, CriticSpec, LossSpec, OptimSpe
 
 
 class TorchTrainBackend:
+    critic_cls: type[TorchCritic] = TorchCritic  # data-parallel ranks: one whose steps reduce over the ranks
     def __init__(self, model: torch.nn.Module, loss: LossSpec, optim: OptimSpec, batch: BatchSpec, temperature: float,
                  device: torch.device, critic: Optional[CriticSpec] = None, model_impl: str = "transformers"):
         self.model = model.to(device).train()
@@ -48,7 +49,7 @@ class TorchTrainBackend:
             self.optimizer, lr_multiplier(optim.lr_decay_style, optim.lr_warmup_iters, optim.total_steps, optim.lr, optim.min_lr))
         self.ref_model: Optional[torch.nn.Module] = None
         self._sft_optimizer: Optional[torch.optim.Optimizer] = None
-        self.critic = TorchCritic(self.model, critic, batch, loss, device) if critic is not None else None
+        self.critic = self.critic_cls(self.model, critic, batch, loss, device) if critic is not None else None
         self.critic_only_steps = critic.num_critic_only_steps if critic is not None else 0
         self.rollouts_trained = 0  # rollouts seen by train_rollout (num_critic_only_steps, ref_update_interval)
 
