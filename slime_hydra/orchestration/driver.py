@@ -60,6 +60,12 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
                              cfg.cluster.distributed_timeout_s)
         trainer.setup(model_cfg, cfg.algorithm, cfg.train, cfg.rollout.rollout_temperature,
                       cfg.num_rollout * cfg.train.num_steps_per_rollout, cfg.rollout.rollout_max_response_len, cfg.seed)
+        if cfg.rollout.backend == "sglang":  # engines owned by Ray actors, router and client here (sglang_engines.py)
+            comps = _sglang_components(cfg, pg, layout, trainer, tokenizer, calls, output_dir, started, train_prompts,
+                                       eval_sets, tracker, sampling, resume, metadatas)
+            if state is not None:
+                restore(comps, state)
+            return comps
         manager = ray.remote(RolloutManager).options(num_cpus=0).remote(pg, layout, model_cfg, train_prompts, cfg.rollout, cfg.seed,
                                                                         cfg.cluster.num_threads, cfg.cluster.ray_call_timeout_s)
 
@@ -79,3 +85,22 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
     if state is not None:
         restore(comps, state)
     return comps
+
+
+def _sglang_components(cfg: RunConfig, pg, layout, trainer, tokenizer, calls, output_dir: str, started: bool, train_prompts,
+                       eval_sets, tracker, sampling, resume, metadatas) -> Components:
+    """rollout.backend=sglang: the SGLangRollout runs here over engine actors; the prompt source is this process's."""
+    from slime_hydra.data.source import PromptSource
+    from slime_hydra.orchestration import placement
+    from slime_hydra.orchestration.sglang_engines import build_sglang_rollout
+
+    def teardown() -> None:
+        trainer.shutdown()
+        placement.shutdown(pg, started)
+
+    engines = build_sglang_rollout(cfg, pg, layout, trainer, tokenizer, calls, output_dir, teardown)
+    rollout = wrap_rollout(engines, tokenizer, cfg.rollout.custom_generate, cfg.rollout.max_turns, metadatas)
+    r = cfg.rollout
+    source = PromptSource(train_prompts, r.n_samples_per_prompt, r.rollout_shuffle, r.rollout_seed)
+    return Components(tokenizer, train_prompts, eval_sets, source, trainer, rollout, RewardScorer(cfg.reward), tracker, sampling,
+                      output_dir=output_dir, resumed_from=resume, buffer=DataBuffer(source, load_target(r.buffer_filter)))
