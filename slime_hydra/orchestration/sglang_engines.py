@@ -199,11 +199,12 @@ class RaySGLangRollout(SGLangRollout):
         self._on_shutdown = on_shutdown
 
     def shutdown(self) -> None:
+        done, self._on_shutdown = self._on_shutdown, None  # once: the placement group goes with it
         try:
             super().shutdown()
         finally:
-            if self._on_shutdown is not None:
-                self._on_shutdown()
+            if done is not None:
+                done()
 
 
 def build_sglang_rollout(cfg: RunConfig, pg, layout: Layout, trainer, tokenizer, calls: RayCalls, output_dir: str,
