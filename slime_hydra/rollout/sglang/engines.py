@@ -182,7 +182,7 @@ class EngineGroup:
                 e.ever_healthy = True
                 e.healthy.set()
             self.router = ManagedProcess("sglang-router", self._router_argv(), self.log_dir / "router.log").start()
-            wait_healthy(self.router, self.router_url, 60.0, "sglang-router")
+            wait_healthy(self.router, self.router_url, self.start_timeout_s, "sglang-router")
         except BaseException:
             self.shutdown()
             raise
