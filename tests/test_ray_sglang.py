@@ -25,8 +25,9 @@ pytestmark = pytest.mark.sglang
 EXPERIMENT = "experiment=grpo/qwen3-tiny-addition-cpu-sglang-torch-v1"
 ARGS = [EXPERIMENT, *FAST, "logger=none", "eval=none", "num_rollout=2", "cluster.backend=ray", "cluster.colocate=false",
         "cluster.rollout_num_gpus=1", "rollout.check_weight_update_equal=true", "rollout.use_fault_tolerance=true",
-        "rollout.rollout_health_check_interval=1", "rollout.rollout_health_check_first_wait=120",
+        "rollout.rollout_health_check_interval=1", "rollout.rollout_health_check_first_wait=600",
         "rollout.sglang.max_total_tokens=16384",
+        # (first wait: an engine start took 3m45s on the loaded 2-core VM, a relaunch was killed at 120 s)
         # one engine: while it restarts (minutes on a loaded CPU) the router has no worker; requests wait it out
         "rollout.sglang_max_retries=60"]
 
