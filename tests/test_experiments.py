@@ -25,7 +25,7 @@ GOLDEN = ROOT / "tests" / "golden"
 MISSING_HERE = ("not found; point model.hf_checkpoint", ": file not found; set ")  # checkpoints/data of GPU machines
 # experiment -> the problem it waits on (a feature another issue adds); a PENDING experiment is refused at validation
 # (exit 2, before Ray starts), so it cannot pass here and then fail at launch
-RAY_MEGATRON_SGLANG = "cluster.backend=ray does not drive"  # issue 22: sglang engines under Ray (megatron ranks are driven)
+RAY_MEGATRON_SGLANG = "cluster.backend=ray does not drive train.backend=megatron with rollout.backend=sglang"  # issue 22
 PENDING: dict[str, str] = {
     "agent/qwen3-4b-calculator-multiturn-1n8g-megatron-sglang-colocate-v1": RAY_MEGATRON_SGLANG,
     "async/qwen3-4b-dapo-math-1n8g-megatron-sglang-async-v1": RAY_MEGATRON_SGLANG,

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from slime_hydra.app.algorithm import run_specs
-from slime_hydra.app.inputs import assemble, make_tracker, prepare
+from slime_hydra.app.inputs import assemble, build_source, make_tracker, prepare
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.engine.checkpoint import resume_hint
 from slime_hydra.engine.components import Components, restore
+from slime_hydra.errors import UserError
+from slime_hydra.protocols import PromptSource, RolloutBackend
+from slime_hydra.rollout.sglang.checks import weight_sync_mode
 from slime_hydra.training.specs import AlgorithmSpecs
 
 
@@ -44,19 +47,26 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
         save_dir = cfg.save or str(Path(output_dir) / "checkpoints")  # as app/session.py decides it
         calls = RayCalls(cfg.cluster.ray_call_timeout_s, lambda: resume_hint(save_dir))
         trainer = build_train_group(cfg, specs, inputs.model, pg, layout, calls, uri, tracker.run_id if uri else None)
-        manager = ray.remote(RolloutManager).options(num_cpus=0).remote(pg, layout, inputs.model, inputs.train_prompts, cfg.rollout, cfg.seed,
-                                                                        cfg.cluster.num_threads, cfg.cluster.ray_call_timeout_s)
 
         def teardown() -> None:
             trainer.shutdown()
             placement.shutdown(pg, started)
 
-        rollout = RemoteRollout(manager, calls, on_shutdown=teardown)
-        comps = assemble(cfg, inputs, RemoteSource(manager, calls), trainer, rollout, tracker, specs.advantage, output_dir)
+        manager = None
+        if cfg.rollout.backend == "sglang":  # engines owned by Ray actors; the router, client and prompt source here
+            rollout: RolloutBackend = sglang_rollout(cfg, pg, layout, trainer, inputs.tokenizer, calls, output_dir, teardown)
+            source: PromptSource = build_source(cfg, inputs.tokenizer, inputs.train_prompts)
+        else:  # local engines behind a rollout manager actor, which owns the prompt source
+            manager = ray.remote(RolloutManager).options(num_cpus=0).remote(
+                pg, layout, inputs.model, inputs.train_prompts, cfg.rollout, cfg.seed, cfg.cluster.num_threads,
+                cfg.cluster.ray_call_timeout_s)
+            rollout, source = RemoteRollout(manager, calls, on_shutdown=teardown), RemoteSource(manager, calls)
+        comps = assemble(cfg, inputs, source, trainer, rollout, tracker, specs.advantage, output_dir)
         if cfg.stall_watchdog:  # a stall dumps every actor's stacks too, beside the driver's
             where = str((Path(output_dir) / "actor_stacks").resolve())  # the actors' working directory is not ours
-            procs = trainer.register_stacks(where) + calls.get(manager.register_stacks.remote(where),
-                                                               "registering stack dumps", ["the rollout manager"])
+            procs = trainer.register_stacks(where)
+            if manager is not None:
+                procs += calls.get(manager.register_stacks.remote(where), "registering stack dumps", ["the rollout manager"])
             comps.more_stacks = functools.partial(stacks.collect, procs)
     except BaseException:
         placement.shutdown(pg, started)
@@ -81,3 +91,22 @@ def build_train_group(cfg: RunConfig, specs: AlgorithmSpecs, model_cfg, pg, layo
     group = TrainGroup(pg, layout, c.num_threads, tracking_uri, run_id, calls, c.distributed_timeout_s)
     group.setup(model_cfg, specs, temperature, cfg.seed)
     return group
+
+
+def sglang_rollout(cfg: RunConfig, pg, layout, trainer, tokenizer, calls, output_dir: str,
+                   on_shutdown: Callable[[], None]) -> RolloutBackend:
+    """`rollout.backend=sglang` under Ray: each engine's server started by an actor on its bundle
+    (orchestration/sglang_engines.py), the router, client, weight sync and health monitor in this process."""
+    from slime_hydra.orchestration.sglang_engines import RayLauncher, RaySGLangRollout, SaveThroughRank0
+
+    c = cfg.cluster
+    if layout.use_gpu and weight_sync_mode(cfg.rollout.weight_sync, c.colocate) == "distributed":
+        raise UserError("rollout.weight_sync=distributed (the default with cluster.colocate=false) under cluster.backend=ray on "
+                        "GPUs would open the NCCL update group from the driver, which holds no GPU; set "
+                        "rollout.weight_sync=disk (or tensor), or cluster.colocate=true")
+    offload = c.offload_rollout if c.offload_rollout is not None else c.colocate
+    return RaySGLangRollout(cfg.rollout, SaveThroughRank0(trainer, tokenizer), tokenizer, num_engines=len(layout.engine_bundles),
+                            tp_size=c.rollout_num_gpus_per_engine, seed=cfg.seed, dtype=cfg.model.dtype,
+                            output_dir=output_dir, colocate=c.colocate, offload=offload,
+                            device="cuda" if layout.use_gpu else "cpu", launcher=RayLauncher(pg, layout, calls),
+                            on_shutdown=on_shutdown)

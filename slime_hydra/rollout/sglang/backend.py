@@ -27,7 +27,7 @@ from slime_hydra.rollout.sglang import distributed as D
 from slime_hydra.rollout.sglang import weights as W
 from slime_hydra.rollout.sglang.checks import weight_sync_mode
 from slime_hydra.rollout.sglang.client import Generated, RouterClient
-from slime_hydra.rollout.sglang.engines import Engine, EngineGroup
+from slime_hydra.rollout.sglang.engines import Engine, EngineGroup, Launcher
 from slime_hydra.types import Sample, SamplingParams, Status
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,10 @@ class SGLangRollout:
     cooperative = False  # generate() awaits HTTP requests: collect polls for finished groups
 
     def __init__(self, cfg: RolloutConfig, model: torch.nn.Module, tokenizer, *, num_engines: int, tp_size: int,
-                 seed: int, dtype: str, output_dir: str, colocate: bool, offload: bool, device: str):
+                 seed: int, dtype: str, output_dir: str, colocate: bool, offload: bool, device: str,
+                 launcher: Optional[Launcher] = None):
+        """model: what the engines start from (anything with HF `save_pretrained`: under Ray, train rank 0 saves it).
+        launcher: where the server processes run (engines.LocalLauncher, children of this process, unless given)."""
         self.cfg, self.tokenizer, self.tp_size, self.dtype = cfg, tokenizer, tp_size, dtype
         self.mode = weight_sync_mode(cfg.weight_sync, colocate)
         self.device, self.offload = device, offload
@@ -48,7 +51,7 @@ class SGLangRollout:
         options = {"dtype": dtype, **cfg.sglang}
         self.group = EngineGroup(str(self.init_dir), num_engines, tp_size, seed, options, cfg.sglang_router_policy,
                                  dict(cfg.sglang_router), self.dir / "logs", cfg.sglang_server_start_timeout_s,
-                                 dict(cfg.sglang_env))
+                                 dict(cfg.sglang_env), launcher)
         self.weight_version = 0
         self.synced_version: Optional[int] = None  # None until the first sync: engines report "default"
         self._last_weights: list[tuple[str, torch.Tensor]] = []

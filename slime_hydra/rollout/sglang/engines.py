@@ -7,6 +7,11 @@ time or `rollout_health_check_first_wait` seconds have passed since it was launc
 still loading is never killed for being slow (slime's 0-second first wait does that). An engine whose
 process died, or that failed `rollout_health_check_max_failures` checks in a row, is killed and
 relaunched on its port; `on_restart` (the backend's weight resync) runs before it is marked healthy.
+
+Where a server process runs is the launcher's business (`Launcher`): `LocalLauncher` starts it as a
+child of this process; under `cluster.backend=ray` the orchestration floor's launcher starts it inside a
+Ray actor on the engine's bundle and hands back a handle with the same methods. Either way the engine
+has a URL, and everything else (router, generation, weight sync, health checks, restarts) goes over HTTP.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from functools import partial
+from typing import Any, Callable, Optional, Protocol
 
 import httpx
 
@@ -32,13 +38,65 @@ class EngineStartError(RunError):
     pass
 
 
+class ServerProcess(Protocol):
+    """An engine's server process, wherever it runs (a ManagedProcess here, a Ray actor's elsewhere)."""
+
+    log_path: Path
+
+    @property
+    def pid(self) -> Optional[int]: ...
+
+    @property
+    def returncode(self) -> Optional[int]: ...
+
+    def alive(self) -> bool: ...
+
+    def stop(self, grace_s: float = 10.0) -> None: ...
+
+    def kill(self) -> None: ...
+
+    def log_tail(self, n: int = 30) -> str: ...
+
+
+# argv(host, port): the server's command line once the launcher knows where it listens
+Argv = Callable[[str, int], list[str]]
+
+
+class Launcher(Protocol):
+    def launch(self, index: int, argv: Argv, log_path: Path, env: dict[str, str],
+               port: Optional[int]) -> tuple[ServerProcess, str, int]:
+        """Start engine `index`'s server (on `port` when relaunching it; a free one otherwise) -> (process, host, port)."""
+
+    def shutdown(self) -> None:
+        """After every server was stopped: release what the launcher holds."""
+
+
+class LocalLauncher:
+    """Each server a child process of this one, on the loopback."""
+
+    def __init__(self) -> None:
+        self.ports: set[int] = set()
+
+    def launch(self, index: int, argv: Argv, log_path: Path, env: dict[str, str],
+               port: Optional[int]) -> tuple[ServerProcess, str, int]:
+        if port is None:
+            port = free_port(self.ports)
+            self.ports.add(port)
+        return ManagedProcess(f"sglang-engine-{index}", argv("127.0.0.1", port), log_path, env).start(), "127.0.0.1", port
+
+    def shutdown(self) -> None:
+        pass
+
+
 @dataclass
 class Engine:
     index: int
-    port: int
-    argv: list[str]
+    argv: Argv
     log_path: Path
-    process: Optional[ManagedProcess] = None
+    launcher: Launcher
+    host: str = "127.0.0.1"
+    port: Optional[int] = None  # known once launched; a relaunch keeps it (the router's worker URL)
+    process: Optional[ServerProcess] = None
     launched_at: float = 0.0
     ever_healthy: bool = False
     healthy: threading.Event = field(default_factory=threading.Event)  # serving, with the current weights
@@ -49,12 +107,12 @@ class Engine:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def launch(self) -> None:
         self.healthy.clear()
         self.ever_healthy, self.failures = False, 0
-        self.process = ManagedProcess(f"sglang-engine-{self.index}", self.argv, self.log_path, self.env).start()
+        self.process, self.host, self.port = self.launcher.launch(self.index, self.argv, self.log_path, self.env, self.port)
         self.launched_at, self.launches = time.monotonic(), self.launches + 1
 
 
@@ -65,11 +123,11 @@ def ping(url: str, path: str = "/health", timeout: float = 5.0) -> bool:
         return False
 
 
-def wait_healthy(proc: ManagedProcess, url: str, timeout_s: float, what: str) -> None:
+def wait_healthy(proc: ServerProcess, url: str, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not proc.alive():
-            raise EngineStartError(f"{what} exited with code {proc.proc.returncode} while starting; log {proc.log_path}:\n"
+            raise EngineStartError(f"{what} exited with code {proc.returncode} while starting; log {proc.log_path}:\n"
                                    f"{proc.log_tail()}")
         if ping(url):
             return
@@ -78,31 +136,23 @@ def wait_healthy(proc: ManagedProcess, url: str, timeout_s: float, what: str) ->
                            f"rollout.sglang_server_start_timeout_s); log {proc.log_path}:\n{proc.log_tail()}")
 
 
-def engine_argv(model_path: str, tp_size: int, port: int, seed: int, options: dict[str, Any]) -> list[str]:
+def engine_argv(model_path: str, tp_size: int, seed: int, options: dict[str, Any], host: str, port: int) -> list[str]:
+    """(The interpreter is the one running this: under Ray, the engine actor's, the same environment.)"""
     return [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--tp-size", str(tp_size),
-            "--host", "127.0.0.1", "--port", str(port), "--random-seed", str(seed), *to_argv(options)]
+            "--host", host, "--port", str(port), "--random-seed", str(seed), *to_argv(options)]
 
 
 class EngineGroup:
     def __init__(self, model_path: str, num_engines: int, tp_size: int, seed: int, options: dict[str, Any],
                  router_policy: str, router_options: dict[str, Any], log_dir: Path, start_timeout_s: float,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, launcher: Optional[Launcher] = None):
         self.log_dir, self.start_timeout_s = Path(log_dir), start_timeout_s
-        ports: set[int] = set()
-        self.engines = []
-        for i in range(num_engines):
-            port = free_port(ports)
-            ports.add(port)
-            self.engines.append(Engine(i, port, engine_argv(model_path, tp_size, port, seed + i, options),
-                                       self.log_dir / f"engine_{i}.log", env={k: str(v) for k, v in (env or {}).items()}))
-        self.router_port = free_port(ports)
-        ports.add(self.router_port)
-        # the router's Prometheus exporter binds 0.0.0.0:29000 unless told otherwise: a second run on the host
-        # (another test, a benchmark) then fails to start its router; a free loopback port unless the user set one
-        router_options = {"prometheus_port": free_port(ports), "prometheus_host": "127.0.0.1", **router_options}
-        self.router_argv = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls",
-                            *[e.url for e in self.engines], "--host", "127.0.0.1", "--port", str(self.router_port),
-                            "--policy", router_policy, *to_argv(router_options)]
+        self.launcher: Launcher = launcher if launcher is not None else LocalLauncher()
+        env = {k: str(v) for k, v in (env or {}).items()}
+        self.engines = [Engine(i, partial(engine_argv, model_path, tp_size, seed + i, options), self.log_dir / f"engine_{i}.log",
+                               self.launcher, env=dict(env)) for i in range(num_engines)]
+        self.router_policy, self.router_options = router_policy, dict(router_options)
+        self.router_port: Optional[int] = None
         self.router: Optional[ManagedProcess] = None
         self._monitor: Optional[threading.Thread] = None
         self._stop = threading.Event()
@@ -110,6 +160,17 @@ class EngineGroup:
     @property
     def router_url(self) -> str:
         return f"http://127.0.0.1:{self.router_port}"
+
+    def _router_argv(self) -> list[str]:
+        """The router runs here, in front of the engines' URLs (known once they are launched)."""
+        ports = {e.port for e in self.engines}
+        self.router_port = free_port(ports)
+        # the router's Prometheus exporter binds 0.0.0.0:29000 unless told otherwise: a second run on the host
+        # (another test, a benchmark) then fails to start its router; a free loopback port unless the user set one
+        options = {"prometheus_port": free_port(ports | {self.router_port}), "prometheus_host": "127.0.0.1",
+                   **self.router_options}
+        return [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *[e.url for e in self.engines],
+                "--host", "127.0.0.1", "--port", str(self.router_port), "--policy", self.router_policy, *to_argv(options)]
 
     def start(self) -> None:
         """All engines start at once (they load in parallel), then the router in front of them."""
@@ -120,8 +181,8 @@ class EngineGroup:
                 wait_healthy(e.process, e.url, self.start_timeout_s, f"SGLang engine {e.index}")
                 e.ever_healthy = True
                 e.healthy.set()
-            self.router = ManagedProcess("sglang-router", self.router_argv, self.log_dir / "router.log").start()
-            wait_healthy(self.router, self.router_url, 60.0, "sglang-router")
+            self.router = ManagedProcess("sglang-router", self._router_argv(), self.log_dir / "router.log").start()
+            wait_healthy(self.router, self.router_url, self.start_timeout_s, "sglang-router")
         except BaseException:
             self.shutdown()
             raise
@@ -182,3 +243,4 @@ class EngineGroup:
             t.start()
         for t in stoppers:
             t.join()
+        self.launcher.shutdown()

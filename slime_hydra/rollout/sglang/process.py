@@ -63,6 +63,10 @@ class ManagedProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode if self.proc else None
+
     def stop(self, grace_s: float = 10.0) -> None:
         if self.proc is None:
             return
