@@ -152,7 +152,7 @@ def run(backend: str, option: str, seq: int, mbs: int, gbs: int, warmup: int, it
         from benchmarks.profile_step import profile
 
         label = f"{backend}_{option}_mbs{mbs}_" + "_".join(o.split(".")[-1].replace("=", "-") for o in overrides)
-        extra["profile"] = profile(lambda: trainer.train_rollout(b), label[:120])
+        extra["profile"] = profile(lambda t=trainer: t.train_rollout(b), label[:120])
     tps = gbs * seq / step_s
     row = dict(backend=backend, model=option, seq=seq, micro_batch=mbs, global_batch=gbs, overrides=list(overrides),
                step_s=round(step_s, 4), step_min_s=round(min(times), 4), step_max_s=round(max(times), 4), iters=iters,

@@ -54,7 +54,8 @@ def _union(intervals: list[tuple[float, float]]) -> tuple[float, list[float]]:
 
 def profile(fn, label: str, out_dir: str | None = None, top: int = 25) -> dict:
     """Run fn() once under the profiler (after the caller's warm-up); returns and prints the summary."""
-    from torch.profiler import ProfilerActivity, profile as tprofile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
 
     torch.cuda.synchronize()
     with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:

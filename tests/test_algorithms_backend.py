@@ -20,8 +20,8 @@ from slime_hydra.models.build import build_model
 from slime_hydra.models.tokenizer import build_char_tokenizer
 from slime_hydra.training.batch import collate
 from slime_hydra.training.torch_backend import TorchTrainBackend
-from tests.trainers import torch_backend
 from slime_hydra.types import Sample
+from tests.trainers import torch_backend
 
 torch.set_num_threads(1)
 TOK = build_char_tokenizer()

@@ -22,9 +22,9 @@ from slime_hydra.algorithms import losses as L
 from slime_hydra.algorithms import surrogates as S
 from slime_hydra.algorithms.advantages import compute_advantages, ppo_advantages
 from slime_hydra.app.algorithm import algorithm_specs, run_specs
-from slime_hydra.config.schema import AlgorithmConfig
-from slime_hydra.config.plugins import load_target
 from slime_hydra.app.preflight import compose_run
+from slime_hydra.config.plugins import load_target
+from slime_hydra.config.schema import AlgorithmConfig
 from slime_hydra.engine.steps import advantages
 from slime_hydra.training.batch import collate
 from slime_hydra.training.policy_loss import old_log_probs, policy_loss

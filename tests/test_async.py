@@ -95,9 +95,9 @@ def test_killed_async_run_resumes_exactly(killed_and_resumed):
 def test_killed_async_run_consumes_every_prompt_exactly_once(killed_and_resumed):
     import torch
 
-    from slime_hydra.models.build import build_tokenizer
     from slime_hydra.data.dataset import load_prompts
     from slime_hydra.data.source import PromptSource
+    from slime_hydra.models.build import build_tokenizer
 
     work = killed_and_resumed
     at_checkpoint = torch.load(work / "run_ckpt" / "rollout_000003" / "state.pt", weights_only=False)

@@ -138,7 +138,7 @@ def test_killed_between_publishing_and_latest_resumes_from_latest(reference):
               "window between publishing rollout_000003 and updating latest")
     assert latest(root) == "rollout_000001", "the kill came after latest moved; the window was missed"
     text = finish(start(work, "b", [f"save={root}", f"load={root}"]), work, "b")
-    assert f"not resuming from rollout_000003, newer than `latest` (rollout_000001)" in text
+    assert "not resuming from rollout_000003, newer than `latest` (rollout_000001)" in text
     assert_same_run(root, ref())
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from slime_hydra.config.datafiles import resolve
 from slime_hydra.app.preflight import compose_run
+from slime_hydra.config.datafiles import resolve
 from slime_hydra.data.dataset import Prompt, load_prompts
 from slime_hydra.data.readers import LocalReader, Prep
 from slime_hydra.data.rows import RowKeys

@@ -92,10 +92,10 @@ def test_two_dp_ranks_match_one_rank_float64(ray_cluster, aggregation):
     """2 gloo ranks, each with half of every step's samples, end with the parameters of 1 rank on the whole batch."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
+    from slime_hydra.app.algorithm import algorithm_specs
     from slime_hydra.models.build import build_model, build_tokenizer
     from slime_hydra.orchestration.calls import RayCalls
     from slime_hydra.orchestration.train_group import TrainGroup
-    from slime_hydra.app.algorithm import algorithm_specs
     from tests.trainers import torch_backend
 
     cfg = compose_run(FAST + ["model.dtype=float64", f"algorithm.loss_aggregation={aggregation}", "num_rollout=1",

@@ -47,8 +47,8 @@ def ray_cluster(ray_head):
 
 def run(tmp: Path, name: str, args: list[str]) -> list[tuple[int, dict[str, float]]]:
     """run_session as the CLI calls it; the history (step, metrics) of every rollout, from the last checkpoint."""
-    from slime_hydra.engine.checkpoint import load_state
     from slime_hydra.app.session import run_session
+    from slime_hydra.engine.checkpoint import load_state
 
     run_session(compose_run(args), str(tmp / name), args)
     return load_state(tmp / name / "checkpoints" / "rollout_000001")["history"]

@@ -50,8 +50,8 @@ def gone(pid: int) -> bool:
 def ray_run(ray_head, tmp_path_factory):
     import ray
 
-    from slime_hydra.engine import loop
     from slime_hydra.app.build import build
+    from slime_hydra.engine import loop
 
     ray.init(address=ray_head.gcs_address, logging_level="WARNING")
     out = tmp_path_factory.mktemp("ray_sglang")

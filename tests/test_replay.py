@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from slime_hydra.app.preflight import compose_run
-from slime_hydra.engine.checkpoint import load_state
 from slime_hydra.app.session import run_session
+from slime_hydra.engine.checkpoint import load_state
 from slime_hydra.errors import ConfigError, UserError
 from tests.conftest import FAST, run_cli
 

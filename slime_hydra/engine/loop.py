@@ -13,8 +13,8 @@ from pathlib import Path
 
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.engine import checkpoint as ckpt
-from slime_hydra.engine.components import Components, engine_state
 from slime_hydra.engine.collect import collect_rollout, rollout_plan, weight_lag_metrics, write_rollout_data
+from slime_hydra.engine.components import Components, engine_state
 from slime_hydra.engine.feeds import AheadGenerator, RolloutFeed, SyncFeed
 from slime_hydra.engine.report import Progress
 from slime_hydra.engine.steps import advantages, evaluate, rollout_metrics

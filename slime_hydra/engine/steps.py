@@ -11,8 +11,8 @@ from typing import Optional
 
 import torch
 
-from slime_hydra.aio import run_sync
 from slime_hydra.agent.metrics import agent_metrics
+from slime_hydra.aio import run_sync
 from slime_hydra.algorithms.groups import tied_groups
 from slime_hydra.config.schema import EvalDatasetConfig, RolloutConfig
 from slime_hydra.data.dataset import Prompt

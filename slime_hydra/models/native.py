@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+
 @dataclass(frozen=True)
 class Segments:
     """Attention layout over N packed tokens: S segments, each Lq query slots and Lk key slots. A padding

@@ -51,8 +51,8 @@ class MegatronRank:
 
     def setup(self, init_method: str, distributed_timeout_s: float, model: ModelConfig, parallel: ParallelismConfig,
               specs: AlgorithmSpecs, megatron: MegatronConfig, temperature: float, seed: int) -> None:
-        from slime_hydra.runtime import seed_everything
         from slime_hydra.models.build import build_model, build_tokenizer
+        from slime_hydra.runtime import seed_everything
         from slime_hydra.training.distributed import init_process_group
         from slime_hydra.training.megatron.backend import MegatronTrainBackend  # megatron-core: imported in the rank only
 

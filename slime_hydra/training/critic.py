@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 from collections import defaultdict
-
 from typing import Optional
 
 import torch

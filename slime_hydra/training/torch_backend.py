@@ -26,8 +26,8 @@ from slime_hydra.training.base import shaping_kl
 from slime_hydra.training.critic import TorchCritic
 from slime_hydra.training.microbatch import micro_batch_indices
 from slime_hydra.training.optim import adamw
-from slime_hydra.training.policy_loss import old_log_probs, policy_loss
 from slime_hydra.training.packed import packed_logits
+from slime_hydra.training.policy_loss import old_log_probs, policy_loss
 from slime_hydra.training.prefix import shared_prefix_logits
 from slime_hydra.training.schedule import lr_multiplier
 from slime_hydra.training.specs import BatchSpec, CriticSpec, LossSpec, OptimSpec

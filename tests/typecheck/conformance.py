@@ -4,12 +4,11 @@ method a backend lacks or declares with an incompatible signature. A new backend
 from __future__ import annotations
 
 from slime_hydra.agent.hook import AgentRollout
-from slime_hydra.orchestration.megatron_group import MegatronTrainGroup
-from slime_hydra.orchestration.rollout_manager import RemoteRollout
-from slime_hydra.orchestration.train_group import TrainGroup
 from slime_hydra.data.source import PromptSource as InMemorySource
 from slime_hydra.data.stream import StreamingPromptSource
-from slime_hydra.orchestration.rollout_manager import RemoteSource
+from slime_hydra.orchestration.megatron_group import MegatronTrainGroup
+from slime_hydra.orchestration.rollout_manager import RemoteRollout, RemoteSource
+from slime_hydra.orchestration.train_group import TrainGroup
 from slime_hydra.protocols import PromptSource, RolloutBackend, Scorer, Tracker, TrainBackend
 from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.rollout.local import LocalRollout

@@ -6,8 +6,7 @@ Called by the composition floor (app/checks.py) with the two groups they read.
 from __future__ import annotations
 
 from slime_hydra.config.schema import ClusterConfig, RolloutConfig
-from slime_hydra.rollout.sglang.server_args import (ROUTER_RUNNER_KEYS, RUNNER_KEYS, check_pass_through,
-                                                     router_arg_fields, server_arg_fields)
+from slime_hydra.rollout.sglang.server_args import ROUTER_RUNNER_KEYS, RUNNER_KEYS, check_pass_through, router_arg_fields, server_arg_fields
 
 WEIGHT_SYNC = ("auto", "tensor", "distributed", "disk")
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "bucket", "manual", "consistent_hashing",

@@ -21,8 +21,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from functools import partial
+from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
 import httpx
