@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install run test test-all bench bench-rollout bench-algorithms bench-async bench-megatron bench-sglang-gpu bench-data clean golden
+.PHONY: help install run test test-all lint bench bench-rollout bench-algorithms bench-async bench-megatron bench-sglang-gpu bench-data clean golden
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -55,6 +55,9 @@ bench-megatron: ## (GPU) megatron vs torch backend: train tokens/s, MFU, peak me
 
 bench-sglang-gpu: ## (GPU) sglang backend vs raw sgl.Engine tok/s, weight sync, colocated GRPO, sync vs async; 0.6B shape
 	$(PYTHON) -m benchmarks.bench_sglang_gpu all
+
+lint: $(STAMP) ## ruff (pyflakes, import order) over the package, tests and benchmarks; `make test` runs it too
+	$(PY) -m ruff check slime_hydra tests benchmarks
 
 golden: $(STAMP) ## rewrite tests/golden/ (every experiment's composed config) after an intended change
 	$(PY) -m tests.test_experiments
