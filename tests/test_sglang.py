@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import threading
 import time
 
@@ -35,7 +36,15 @@ def test_pass_through_keys_are_checked_without_importing_sglang():
     assert "rollout.sglang.tp_size is set by the runner" in msg and "cluster.rollout_num_gpus_per_engine" in msg
     assert "rollout.sglang.random_seed is set by the runner" in msg
     assert "rollout.sglang_router.health_check_intervl_secs" in msg and "health_check_interval_secs" in msg
-    assert "sglang" not in sys.modules  # the check parsed sglang's sources; it imported nothing
+    # the check parsed sglang's sources and imported nothing: asked in a fresh interpreter, since other
+    # tests of this pytest process may have imported sglang already
+    probe = ("import sys; from slime_hydra.app.preflight import compose_run\n"
+             "try:\n    compose_run([%r, '+rollout.sglang.mem_fracton_static=0.3'])\n"
+             "except Exception as e:\n    assert 'mem_fraction_static' in str(e), e\n"
+             "print('sglang' in sys.modules)") % EXPERIMENT
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
     cfg = compose_run([EXPERIMENT, "+rollout.sglang.context_length=128"])
     assert cfg.rollout.sglang["context_length"] == 128 and cfg.rollout.sglang["device"] == "cpu"
 
