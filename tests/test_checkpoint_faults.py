@@ -40,11 +40,11 @@ SEED = int(os.environ.get("SLIME_HYDRA_FAULT_SEED") or time.time_ns() % 2**31)
 # ------------------------------------------------------------------------------------ real runs of the CLI
 
 
-def start(work: Path, name: str, extra: list[str], fsync_delay_s: float = 0.0) -> subprocess.Popen:
+def start(work: Path, name: str, extra: list[str], fsync_delay_s: float = 0.0, fsync_hang_on: str = "") -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if fsync_delay_s:
+    if fsync_delay_s or fsync_hang_on:
         env |= {"PYTHONPATH": os.pathsep.join(p for p in (HOOKS, env.get("PYTHONPATH")) if p),
-                "SLIME_HYDRA_TEST_FSYNC_DELAY_S": str(fsync_delay_s)}
+                "SLIME_HYDRA_TEST_FSYNC_DELAY_S": str(fsync_delay_s), "SLIME_HYDRA_TEST_FSYNC_HANG_ON": fsync_hang_on}
     log = open(work / f"{name}.log", "a")
     return subprocess.Popen([CLI, *ARGS, f"hydra.run.dir={work}/{name}", *extra], cwd=work, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)  # its own group: killpg reaches only it
@@ -154,6 +154,26 @@ def test_killed_at_a_random_moment_resumes_exactly(reference):
         pytest.skip(f"the run finished within {then:.2f} s of its first checkpoint (seed {SEED}); nothing was killed")
     finish(start(work, "c", [f"save={root}", f"load={root}"]), work, "c")
     assert_same_run(root, ref(), f" (killed {then:.2f} s after the first checkpoint, latest {at_kill}, seed {SEED})")
+
+
+def test_a_checkpoint_write_that_hangs_is_a_stall_with_the_stacks_and_the_resume(reference):
+    """A stuck filesystem: every fsync inside the save of rollout_000003 never returns. Checkpoint writes have no
+    timeout of their own; the stall watchdog ends the run (exit 3) naming the intact rollout_000001, the dump shows
+    the save stuck in fsync, nothing of rollout_000003 is published, and the resume ends bit-identical."""
+    work, ref = reference
+    root = work / "h_ckpt"
+    victim = start(work, "h", [f"save={root}", "stall_min_timeout_s=15", "stall_timeout_factor=3", f"output_dir={work}/h_out"],
+                   fsync_hang_on=".rollout_000003.tmp-")
+    text = finish(victim, work, "h", rc=3, timeout=300)
+    assert "stall: no rollout step finished in" in text and "stall_min_timeout_s=15" in text, text[-3000:]
+    assert f"{root / 'rollout_000001'}: resume with load=" in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    dump = (work / "h_out" / "stall_stacks.txt").read_text()
+    assert "_fsync_on_a_stuck_filesystem" in dump and "save_checkpoint" in dump, dump[-3000:]
+    assert not (root / "rollout_000003").exists() and latest(root) == "rollout_000001"
+    finish(start(work, "h", [f"save={root}", f"load={root}"]), work, "h")
+    assert not list(root.glob(".*.tmp-*")), "the stuck save's temporary directory is removed by the next save"
+    assert_same_run(root, ref())
 
 
 def test_broken_checkpoint_named_directly_exits_2_naming_the_file(reference, tmp_path):
