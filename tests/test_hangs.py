@@ -90,3 +90,94 @@ def test_an_engine_that_does_not_start_in_time_fails_naming_the_key_and_leaves_n
     assert str(out / "sglang" / "logs") in r.stderr  # where to look
     left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
     assert left == [], f"processes still running for {out}: {left}"
+
+
+@pytest.fixture
+def engine_that_does_not_generate():
+    """Up (every GET answers 200 with `{}`: /health, the server info the router asks for) but silent on /generate."""
+    release = threading.Event()
+
+    class UpButSilent(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            release.wait(120)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), UpButSilent)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    release.set()
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_router_that_does_not_route_fails_at_the_start_deadline_naming_the_key(engine_that_does_not_generate, tmp_path):
+    """The real sglang-router in front of an engine that is healthy but never generates: the first routed request
+    waits rollout.sglang_server_start_timeout_s (here 8 s, not a fixed 60 s, not httpx's 30 s per request) and
+    ends in a RunError naming the key and the router's log."""
+    import sys
+
+    from slime_hydra.rollout.sglang.engines import EngineStartError, wait_healthy, wait_routed
+    from slime_hydra.rollout.sglang.process import ManagedProcess, free_port
+
+    port = free_port(set())
+    log = tmp_path / "router.log"
+    router = ManagedProcess("sglang-router", [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls",
+                                              engine_that_does_not_generate, "--host", "127.0.0.1", "--port", str(port),
+                                              "--prometheus-port", str(free_port({port})), "--prometheus-host", "127.0.0.1"],
+                            log).start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(router, url, 120, "sglang-router")
+        t0 = time.monotonic()
+        with pytest.raises(EngineStartError) as e:
+            wait_routed(url, {"input_ids": [0], "sampling_params": {"max_new_tokens": 1}}, 8, log)
+        took = time.monotonic() - t0
+    finally:
+        router.stop()
+    assert 7.5 < took < 20, took
+    msg = str(e.value)
+    assert f"sglang-router at {url} did not route its first request within 8 s" in msg, msg
+    assert "rollout.sglang_server_start_timeout_s" in msg and str(log) in msg, msg
+    assert isinstance(e.value, RunError)  # the CLI prints it without a traceback and exits 3
+
+
+IGNORES_SIGTERM = ("import signal, subprocess, sys, time\n"
+                   "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                   "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+                   "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(\"child up %d\" % 7, flush=True); time.sleep(600)'])\n"
+                   "time.sleep(600)\n")
+
+
+def test_stopping_a_server_that_ignores_sigterm_kills_its_whole_group_after_the_grace(tmp_path):
+    """What a wedged SGLang server looks like to shutdown: it and its child (a scheduler) ignore SIGTERM. stop()
+    waits the grace, then SIGKILLs the process group: both are gone, within grace + 5 s, never an endless wait."""
+    import os
+    import sys
+
+    from slime_hydra.rollout.sglang.process import ManagedProcess
+
+    log = tmp_path / "server.log"
+    proc = ManagedProcess("stubborn server", [sys.executable, "-c", IGNORES_SIGTERM], log).start()
+    deadline = time.monotonic() + 60
+    while "child up 7" not in log.read_text():  # (the start line echoes the argv: "child up %d")
+        assert time.monotonic() < deadline and proc.alive(), log.read_text()
+        time.sleep(0.1)
+    pgid = proc.pid
+    t0 = time.monotonic()
+    proc.stop(grace_s=1.0)
+    took = time.monotonic() - t0
+    assert not proc.alive() and proc.returncode == -9  # SIGTERM was ignored: it took the SIGKILL
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)  # nothing of the group is left, the child included
+    assert 0.9 < took < 8, took

@@ -27,7 +27,7 @@ from slime_hydra.rollout.sglang import distributed as D
 from slime_hydra.rollout.sglang import weights as W
 from slime_hydra.rollout.sglang.checks import weight_sync_mode
 from slime_hydra.rollout.sglang.client import Generated, RouterClient
-from slime_hydra.rollout.sglang.engines import Engine, EngineGroup, Launcher
+from slime_hydra.rollout.sglang.engines import Engine, EngineGroup, Launcher, wait_routed
 from slime_hydra.types import Sample, SamplingParams, Status
 
 log = logging.getLogger(__name__)
@@ -73,23 +73,13 @@ class SGLangRollout:
             self.group.start_monitor(cfg.rollout_health_check_interval, cfg.rollout_health_check_first_wait,
                                      cfg.rollout_health_check_max_failures, self._resync)
 
-    def _wait_router(self, timeout_s: float = 60.0) -> None:
-        """The router answers /health before it routes: its first /generate can be 503 no_available_workers."""
-        deadline = time.monotonic() + timeout_s
+    def _wait_router(self) -> None:
         body = {"input_ids": [self.tokenizer.eos_token_id], "sampling_params": {"max_new_tokens": 1}}
-        while True:
-            try:
-                r = httpx.post(self.group.router_url + "/generate", json=body, timeout=30)
-                if r.status_code == 200:
-                    return
-                last = f"HTTP {r.status_code} {r.text[:200]}"
-            except httpx.HTTPError as e:
-                last = repr(e)
-            if time.monotonic() > deadline:
-                self.shutdown()
-                raise RuntimeError(f"sglang-router at {self.group.router_url} did not route a request within {timeout_s:.0f} s "
-                                   f"({last}); log {self.group.log_dir / 'router.log'}")
-            time.sleep(0.5)
+        try:
+            wait_routed(self.group.router_url, body, self.cfg.sglang_server_start_timeout_s, self.group.log_dir / "router.log")
+        except BaseException:
+            self.shutdown()
+            raise
 
     # -- generate -------------------------------------------------------------------------------------
 

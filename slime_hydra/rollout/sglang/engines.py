@@ -136,6 +136,25 @@ def wait_healthy(proc: ServerProcess, url: str, timeout_s: float, what: str) -> 
                            f"rollout.sglang_server_start_timeout_s); log {proc.log_path}:\n{proc.log_tail()}")
 
 
+def wait_routed(router_url: str, body: dict[str, Any], timeout_s: float, log_path: Path) -> None:
+    """The router answers /health before it routes: its first /generate can be 503 no_available_workers, or hang
+    in front of an engine that is up but does not generate. One deadline for all of it: the start timeout's."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer yet"
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            r = httpx.post(router_url + "/generate", json=body, timeout=min(30.0, max(left, 0.1)))
+            if r.status_code == 200:
+                return
+            last = f"HTTP {r.status_code} {r.text[:200]}"
+        except httpx.HTTPError as e:
+            last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
+    raise EngineStartError(f"sglang-router at {router_url} did not route its first request within {timeout_s:g} s "
+                           f"({last}; raise rollout.sglang_server_start_timeout_s if the engines are only slow); "
+                           f"log {log_path}")
+
+
 def engine_argv(model_path: str, tp_size: int, seed: int, options: dict[str, Any], host: str, port: int) -> list[str]:
     """(The interpreter is the one running this: under Ray, the engine actor's, the same environment.)"""
     return [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--tp-size", str(tp_size),
