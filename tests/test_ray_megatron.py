@@ -126,3 +126,42 @@ def test_megatron_layout_must_divide_the_train_ranks_named_at_validation():
     for layout in LAYOUTS.values():
         cfg = compose_run(COMMON + RAY + layout)
         assert (cfg.train.backend, cfg.cluster.backend, cfg.cluster.rollout_num_gpus) == ("megatron", "ray", 1)
+
+
+def test_a_megatron_collective_past_its_deadline_names_the_call_the_rank_and_the_key(ray_cluster):
+    """2 megatron ranks (PP=2) over gloo with cluster.distributed_timeout_s=3: rank 0 alone in a train step waits in
+    its first collective with rank 1, gives up after 3 s, and the driver gets a RunError naming the call, the rank
+    and the key (before, gloo's RuntimeError traceback); shutdown still returns."""
+    import dataclasses
+    import time
+
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from slime_hydra.app.algorithm import algorithm_specs
+    from slime_hydra.errors import RunError
+    from slime_hydra.orchestration.calls import RayCalls
+    from slime_hydra.orchestration.megatron_group import MegatronTrainGroup
+    from slime_hydra.orchestration.placement import plan_layout
+    from tests.test_orchestration import _batch
+
+    cfg = compose_run(COMMON + RAY + LAYOUTS["pp2"])
+    lay = plan_layout(dataclasses.replace(cfg.cluster, rollout_num_gpus=2, colocate=True), False)
+    pg = placement_group([lay.bundle] * lay.num_bundles)
+    try:
+        group = MegatronTrainGroup(pg, lay, 1, RayCalls(300.0, lambda: "Hint."), distributed_timeout_s=3.0)
+        group.setup(cfg.model, cfg.parallelism, algorithm_specs(cfg.algorithm, cfg.train, 1, cfg.rollout.rollout_max_response_len),
+                    cfg.train.megatron, 1.0, cfg.seed)
+        batch = _batch(16, 10, 40, seed=0)
+        t0 = time.monotonic()
+        with pytest.raises(RunError) as e:
+            group.calls.get([group.ranks[0].call.remote("train_rollout", batch)], "train step", ["rank 0"])
+        waited = time.monotonic() - t0
+        msg = str(e.value)
+        assert msg.startswith("megatron train_rollout on rank 0 did not complete within cluster.distributed_timeout_s=3 s ("), msg
+        assert "another rank is stuck or gone; raise cluster.distributed_timeout_s if it is only slow" in msg, msg
+        assert 3.0 <= waited < 30, waited  # megatron's groups keep the seconds (they were rounded to 1 minute)
+        t0 = time.monotonic()
+        group.shutdown()
+        assert time.monotonic() - t0 < 60
+    finally:
+        remove_placement_group(pg)

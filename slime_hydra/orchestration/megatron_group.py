@@ -31,6 +31,7 @@ from slime_hydra.orchestration.placement import Layout, node_ip_and_free_port, o
 from slime_hydra.orchestration.stacks import ActorProcess
 from slime_hydra.orchestration.train_group import WeightsRef
 from slime_hydra.protocols import TrainBatch
+from slime_hydra.training.distributed import collective_failures
 from slime_hydra.training.specs import AlgorithmSpecs
 
 
@@ -64,7 +65,10 @@ class MegatronRank:
                                             distributed_timeout_s=distributed_timeout_s)
 
     def call(self, name: str, *args: Any) -> Any:
-        return getattr(self.trainer, name)(*args)
+        """A collective of the call that times out (gloo; NCCL ends the process, see training/distributed.py) reaches
+        the driver as a RunError naming the call, this rank and cluster.distributed_timeout_s, not gloo's traceback."""
+        with collective_failures(f"megatron {name}", self.rank):
+            return getattr(self.trainer, name)(*args)
 
     def named_weights(self) -> tuple[list[tuple[str, torch.Tensor]], bool]:
         """Collective; (weights, done): rank 0's weights are the whole model, the others' [] (nothing twice in the object

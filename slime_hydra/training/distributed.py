@@ -64,6 +64,19 @@ def collective(what: str, rank: int | None = None, timeout_s: float | None = Non
         raise RunError(f"{what} on rank {r} {why}.") from e
 
 
+@contextlib.contextmanager
+def collective_failures(what: str, rank: int) -> Iterator[None]:
+    """Around code that runs collectives among other work (megatron's steps): a collective that timed out or lost a
+    peer becomes collective()'s RunError naming `what`, the rank and the key; any other error passes unchanged."""
+    try:
+        yield
+    except RuntimeError as e:
+        if not (isinstance(e, dist.DistError) or "timed out" in str(e).lower()):
+            raise
+        with collective(what, rank):
+            raise
+
+
 def all_reduce_sum(value: float, device: torch.device) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=device)
     with collective("all-reduce of the step's loss denominator"):

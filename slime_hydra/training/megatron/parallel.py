@@ -40,5 +40,7 @@ def init_parallel(p: ParallelismConfig, seed: int, backend: str, timeout_s: floa
                                  pipeline_model_parallel_size=p.pipeline_model_parallel_size,
                                  context_parallel_size=p.context_parallel_size,
                                  expert_model_parallel_size=p.expert_model_parallel_size,
-                                 distributed_timeout_minutes=max(1, round(timeout_s / 60)))
+                                 # megatron types it int, but only builds timedelta(minutes=...) from it: a fraction
+                                 # keeps the key's seconds (rounding made cluster.distributed_timeout_s=3 wait 60 s)
+                                 distributed_timeout_minutes=timeout_s / 60)  # type: ignore[arg-type]
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
