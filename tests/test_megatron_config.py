@@ -124,3 +124,20 @@ def test_megatron_speed_keys_are_validated_naming_the_keys():
                        "train.adam_impl=foreach"])  # validation touches no GPU: fine on CPU (foreach: not the default)
     assert cfg.train.megatron.compile_layers and cfg.parallelism.recompute_modules == ["mlp"]
     assert cfg.train.megatron.compile_log_probs and cfg.train.adam_impl == "foreach"
+
+
+def test_default_micro_batch_is_a_data_parallel_rank_s_share():
+    """train.micro_batch_size=null: one micro-batch per step and data-parallel rank. 4 Ray ranks are 4 torch DP ranks,
+    but megatron's TP=2 leaves 2 DP ranks (and TP=2 x PP=2, one): 32 samples a step -> 8, 16, 32."""
+    base = ["train.global_batch_size=32", "train.num_steps_per_rollout=1", "rollout.rollout_batch_size=8",
+            "rollout.n_samples_per_prompt=4", "train.micro_batch_size=null", "cluster.backend=ray",
+            "cluster.actor_num_gpus_per_node=4"]
+    assert compose_run(base).train.micro_batch_size == 8
+    megatron = base + ["train=megatron", "parallelism.tensor_model_parallel_size=2"]
+    assert compose_run(megatron).train.micro_batch_size == 16
+    assert compose_run(megatron + ["parallelism.pipeline_model_parallel_size=2"]).train.micro_batch_size == 32
+    # the batch checks count the same data-parallel ranks: 16 divides TP=2's share (32 / 2), 32 does not
+    with pytest.raises(ConfigError) as e:
+        compose_run(megatron + ["train.micro_batch_size=32"])
+    assert ("train.micro_batch_size=32 must divide the per-rank batch train.global_batch_size / data-parallel ranks = "
+            "32 / 2 = 16; set train.micro_batch_size to a divisor of 16") in str(e.value)

@@ -77,12 +77,24 @@ def check_batch(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
     t.global_batch_size, t.num_steps_per_rollout = gbs, steps
     if t.micro_batch_size is None:  # one micro-batch per step: a rank's share of the global batch
         c = cfg.cluster
-        ranks = c.actor_num_nodes * c.actor_num_gpus_per_node if c.backend == "ray" else 1
-        t.micro_batch_size = max(gbs // max(ranks, 1), 1)
+        t.micro_batch_size = max(gbs // data_parallel_ranks(cfg)[0], 1)
     notes.append(f"batch: {lhs} = train.global_batch_size × train.num_steps_per_rollout = {gbs} × {steps}"
                  f" (train.micro_batch_size={t.micro_batch_size})")
     if t.micro_batch_size < 1 or gbs % t.micro_batch_size:
         problems.append(f"train.micro_batch_size={t.micro_batch_size} must divide train.global_batch_size={gbs}; set train.micro_batch_size to a divisor of {gbs}")
+
+
+def data_parallel_ranks(cfg: RunConfig) -> tuple[int, str]:
+    """The ranks a step's batch splits over, and how they were counted: every train rank of cluster.backend=ray
+    (torch: each a data-parallel rank), megatron's model-parallel ranks (TP × PP × CP) taking one share together."""
+    c, p = cfg.cluster, cfg.parallelism
+    ranks = c.actor_num_nodes * c.actor_num_gpus_per_node if c.backend == "ray" else 1
+    how = f"cluster.actor_num_nodes × cluster.actor_num_gpus_per_node = {c.actor_num_nodes} × {c.actor_num_gpus_per_node} = {ranks}"
+    model = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size
+    if cfg.train.backend == "megatron" and model > 1 and ranks % model == 0:  # (a layout that does not divide is refused)
+        how = f"{ranks} ranks / (TP × PP × CP = {model})"
+        ranks //= model
+    return max(ranks, 1), how
 
 
 def check_values(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
@@ -317,13 +329,14 @@ def check_cluster(cfg: RunConfig, problems: list[str], notes: list[str]) -> None
             problems.append(f"cluster.rollout_num_gpus={c.rollout_num_gpus} engines need cluster.backend=ray "
                             "(cluster.backend=local runs one engine in the driver); set cluster.backend=ray")
     gbs = cfg.train.global_batch_size
-    if c.backend == "ray" and gbs and gbs % actor:
-        problems.append(f"train.global_batch_size={gbs} is not divisible by the {actor} data-parallel ranks ({actor_txt}); "
-                        f"set train.global_batch_size to a multiple of {actor}")
+    dp, dp_txt = data_parallel_ranks(cfg)
+    if c.backend == "ray" and gbs and gbs % dp:
+        problems.append(f"train.global_batch_size={gbs} is not divisible by the {dp} data-parallel ranks ({dp_txt}); "
+                        f"set train.global_batch_size to a multiple of {dp}")
     # micro_batch_size still None here means the batch identity failed (already reported)
-    elif c.backend == "ray" and gbs and cfg.train.micro_batch_size and (gbs // actor) % cfg.train.micro_batch_size:
+    elif c.backend == "ray" and gbs and cfg.train.micro_batch_size and (gbs // dp) % cfg.train.micro_batch_size:
         problems.append(f"train.micro_batch_size={cfg.train.micro_batch_size} must divide the per-rank batch train.global_batch_size / "
-                        f"ranks = {gbs} / {actor} = {gbs // actor}; set train.micro_batch_size to a divisor of {gbs // actor}")
+                        f"data-parallel ranks = {gbs} / {dp} = {gbs // dp}; set train.micro_batch_size to a divisor of {gbs // dp}")
     if c.backend == "ray":
         notes.append(f"cluster: {actor_txt} train ranks, cluster.rollout_num_gpus={c.rollout_num_gpus} in "
                      f"{c.rollout_num_gpus // max(per, 1)} engine(s), {'colocated' if c.colocate else 'disaggregated'}")
