@@ -31,7 +31,7 @@ from slime_hydra.models.tokenizer import build_char_tokenizer
 from slime_hydra.training.batch import collate
 from slime_hydra.training.policy_loss import policy_loss
 from slime_hydra.types import Sample, Status
-from tests.trainers import torch_backend
+from tests.support.trainers import torch_backend
 
 torch.set_num_threads(1)
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16

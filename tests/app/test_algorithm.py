@@ -30,7 +30,7 @@ from slime_hydra.training.batch import collate
 from slime_hydra.training.policy_loss import old_log_probs, policy_loss
 from slime_hydra.types import Sample
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OPTIONS = sorted(p.stem for p in (ROOT / "conf" / "algorithm").glob("*.yaml"))
 VARIANTS = {  # fields set on top of an option: the switches the options leave off (each a combination validation accepts)
     "plain": {},
@@ -39,7 +39,7 @@ VARIANTS = {  # fields set on top of an option: the switches the options leave o
     "unbiased_kl": dict(use_kl_loss=True, kl_loss_coef=0.1, use_unbiased_kl=True, use_rollout_logprobs=True),
     "dual_clip": dict(eps_clip_c=3.0),
 }
-CUSTOM_LOSS = {"_target_": "tests.test_algorithms_backend.reinforce_surrogate", "scale": 2.0}
+CUSTOM_LOSS = {"_target_": "tests.support.plugins.reinforce_surrogate", "scale": 2.0}
 MAX_LEN = 6  # rollout.rollout_max_response_len: seq_mean_token_sum_norm's normalizer (dr_grpo)
 
 
@@ -210,7 +210,7 @@ ADV_VARIANTS = {
     "plain": {},
     "kl_shaping": dict(kl_coef=0.1, gamma=0.9),
     "raw_rewards": dict(rewards_normalization=False),
-    "custom": dict(custom_advantage={"_target_": "tests.test_app_algorithm.scaled_reward", "scale": 3.0}),
+    "custom": dict(custom_advantage={"_target_": "tests.app.test_algorithm.scaled_reward", "scale": 3.0}),
 }
 
 

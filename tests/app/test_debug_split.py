@@ -13,19 +13,13 @@ from slime_hydra.app.preflight import compose_run
 from slime_hydra.app.session import run_session
 from slime_hydra.engine.checkpoint import load_state
 from slime_hydra.errors import ConfigError, UserError
-from tests.conftest import FAST, run_cli
-
-
-def digit_reward(sample, **kwargs) -> float:
-    """Rewards that differ within a group from the first rollout on (the untrained model never adds right)."""
-    return float(sum(c.isdigit() for c in sample.response) % 3)
-
+from tests.support.runs import FAST, run_cli
 
 # 3 rollouts of 4 prompts × 4 samples, one optimizer step each (global batch 16), no eval; a warm start of 10
 # fixed steps (a replay runs it too: the trainer starts where the dumped run's did)
 ARGS = [a for a in FAST if not a.startswith(("rollout.rollout_batch_size", "warmstart"))] + [
     "rollout.rollout_batch_size=4", "logger=none", "seed=7", "num_rollout=3", "eval=none",
-    "warmstart.target_train_accuracy=null", "warmstart.min_steps=0", "+reward.custom_rm._target_=tests.test_replay.digit_reward"]
+    "warmstart.target_train_accuracy=null", "warmstart.min_steps=0", "+reward.custom_rm._target_=tests.support.plugins.digit_reward"]
 
 
 WARM = ["warmstart.steps=10"]

@@ -5,7 +5,7 @@ cluster only when a run starts. Experiments for 8-GPU machines point at checkpoi
 this machine does not have; those "not found" problems are the only ones tolerated, and PENDING lists
 the features an experiment waits for (the test fails once a feature lands, so the entry gets removed).
 
-Regenerate the golden files after an intended change: `make golden` (python -m tests.test_experiments).
+Regenerate the golden files after an intended change: `make golden` (python -m tests.config.test_experiments).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from slime_hydra.app.preflight import validate_composed
 from slime_hydra.config.preflight import Composer, check_overrides
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(str(p.relative_to(ROOT / "experiments").with_suffix("")) for p in (ROOT / "experiments").rglob("*.yaml"))
 GOLDEN = ROOT / "tests" / "golden"
 MISSING_HERE = ("not found; point model.hf_checkpoint", ": file not found; set ")  # checkpoints/data of GPU machines

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from slime_hydra.app.preflight import compose_run, preflight
+from slime_hydra.app.preflight import compose_run
 from slime_hydra.config.preflight import expand_sweeps
 from slime_hydra.config.schema import GROUP_SCHEMAS, RunConfig
 from slime_hydra.errors import ConfigError
-from tests.conftest import ROOT, run_cli
+from tests.support.runs import ROOT, problems_of, run_cli
 
 CONF = ROOT / "conf"
 
@@ -24,7 +24,7 @@ def test_every_group_option_composes_and_validates(group, option):
     assert isinstance(getattr(cfg, group), GROUP_SCHEMAS[group])
 
 
-# every experiment composes and validates: tests/test_experiments.py (with the golden composed configs)
+# every experiment composes and validates: tests/config/test_experiments.py (with the golden composed configs)
 
 
 def test_debug_option_composes():
@@ -39,12 +39,6 @@ def test_batch_identity_is_derived():
     cfg = compose_run(["rollout.rollout_batch_size=16", "rollout.n_samples_per_prompt=4", "train.global_batch_size=16",
                        "train.micro_batch_size=8"])
     assert cfg.train.num_steps_per_rollout == 4  # 64 / 16
-
-
-def problems_of(overrides: list[str], multirun: bool = False) -> list[str]:
-    with pytest.raises(ConfigError) as info:
-        preflight(overrides, multirun=multirun)
-    return info.value.problems
 
 
 def test_all_errors_reported_at_once_with_fixes():

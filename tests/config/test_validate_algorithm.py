@@ -5,15 +5,9 @@ from __future__ import annotations
 import pytest
 
 from slime_hydra.app.checks import check
-from slime_hydra.app.preflight import compose_run, preflight, validate_composed
+from slime_hydra.app.preflight import compose_run, validate_composed
 from slime_hydra.config.preflight import Composer, check_overrides
-from slime_hydra.errors import ConfigError
-
-
-def problems_of(overrides: list[str]) -> list[str]:
-    with pytest.raises(ConfigError) as info:
-        preflight(overrides)
-    return info.value.problems
+from tests.support.runs import problems_of
 
 
 def notes_of(overrides: list[str]) -> list[str]:
@@ -97,17 +91,17 @@ def test_group_baseline_estimators_need_two_samples():
 
 
 def test_custom_plugins_are_bound_at_validation():
-    ok = compose_run(["++algorithm.custom_loss={_target_:tests.test_algorithms_backend.reinforce_surrogate,scale:2.0}"])
+    ok = compose_run(["++algorithm.custom_loss={_target_:tests.support.plugins.reinforce_surrogate,scale:2.0}"])
     assert ok.algorithm.custom_loss["scale"] == 2.0
     assert not ok.train.skip_zero_advantage_samples  # a custom loss may depend on zero-advantage samples
-    probs = problems_of(["++algorithm.custom_advantage={_target_:tests.test_algorithms_backend.no_such_fn}",
-                         "++algorithm.custom_loss={_target_:tests.test_algorithms_backend.reinforce_surrogate,nope:1}"])
+    probs = problems_of(["++algorithm.custom_advantage={_target_:tests.support.plugins.no_such_fn}",
+                         "++algorithm.custom_loss={_target_:tests.support.plugins.reinforce_surrogate,nope:1}"])
     assert any(p.startswith("algorithm.custom_advantage._target_=") and "does not import" in p for p in probs), probs
     assert any(p.startswith("algorithm.custom_loss._target_=") and "4 positional" in p for p in probs), probs
 
 
 def test_ppo_combinations_name_the_fix():
-    (msg,) = problems_of(["algorithm=ppo", "++algorithm.custom_advantage={_target_:tests.test_algorithms_backend.reinforce_surrogate}"])
+    (msg,) = problems_of(["algorithm=ppo", "++algorithm.custom_advantage={_target_:tests.support.plugins.reinforce_surrogate}"])
     assert "algorithm.custom_advantage" in msg and "GAE" in msg
     (msg,) = problems_of(["algorithm.num_critic_only_steps=2"])
     assert "algorithm=ppo" in msg

@@ -10,7 +10,7 @@ from slime_hydra.app.hf_check import main
 from slime_hydra.app.preflight import compose_run, preflight
 from slime_hydra.errors import ConfigError
 from slime_hydra.models.hf_check import check_hf_config, moe_layer_pattern
-from tests.conftest import ROOT
+from tests.support.runs import ROOT
 
 # Qwen3-0.6B's config.json (Qwen/Qwen3-0.6B), written out by hand: the fields the check reads
 QWEN3_0_6B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,

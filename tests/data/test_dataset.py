@@ -11,7 +11,7 @@ from slime_hydra.data.dataset import load_prompts
 from slime_hydra.data.source import PromptSource
 from slime_hydra.errors import DataError
 from slime_hydra.models.tokenizer import build_char_tokenizer
-from tests.conftest import ROOT, run_cli
+from tests.support.runs import ROOT, run_cli
 
 ASSETS = ROOT / "slime_hydra" / "assets"
 

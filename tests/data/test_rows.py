@@ -13,7 +13,7 @@ from slime_hydra.app.preflight import compose_run
 from slime_hydra.data.dataset import load_prompts
 from slime_hydra.errors import ConfigError, DataError
 from slime_hydra.models.tokenizer import build_char_tokenizer
-from tests.conftest import FAST, run_cli
+from tests.support.runs import FAST, run_cli
 
 TOK = build_char_tokenizer()
 GOOD = json.dumps({"prompt": "1+1=", "label": "2"})

@@ -27,7 +27,7 @@ from slime_hydra.data.stream import StreamingPromptSource, streaming_source
 from slime_hydra.data.workers import WorkerReader
 from slime_hydra.errors import ConfigError, DataError
 from slime_hydra.models.tokenizer import build_char_tokenizer
-from tests.conftest import FAST, run_cli
+from tests.support.runs import FAST, run_cli
 
 TOK = build_char_tokenizer()
 KEYS = RowKeys("prompt", "label")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.support.runs import run_cli
 
 EXPERIMENT = "experiment=agent/qwen3-tiny-calculator-cpu-local-torch-v1"
 

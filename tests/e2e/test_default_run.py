@@ -10,7 +10,7 @@ import torch
 
 from slime_hydra.app.preflight import compose_run
 from slime_hydra.app.session import run_session
-from tests.conftest import FAST, mlflow_db, run_cli
+from tests.support.runs import FAST, mlflow_db, run_cli
 
 PERF = "perf/"
 

@@ -1,9 +1,9 @@
 """`ray job submit -- slime-hydra experiment=...` against a `ray start --head` cluster on loopback.
 
 The job's driver runs under the cluster's job supervisor and tracks into the real `mlflow server`. Both
-cases are slow (the local one ~35 s; run by hand: `pytest -q -m slow tests/test_ray_job.py`): one submits the
+cases are slow (the local one ~35 s; run by hand: `pytest -q -m slow tests/e2e/test_ray_job.py`): one submits the
 embedded default (one process), the other the Ray-path experiment, whose driver joins the cluster through
-RAY_ADDRESS and builds its 2-rank + 2-engine placement group there (the same path test_orchestration runs
+RAY_ADDRESS and builds its 2-rank + 2-engine placement group there (the same path orchestration/test_ray_backend.py runs
 in-process, in the default tier).
 """
 
@@ -16,14 +16,14 @@ import uuid
 
 import pytest
 
-from tests.conftest import FAST
-from tests.servers import BIN
+from tests.support.runs import FAST
+from tests.support.servers import BIN
 
 LOCAL = "grpo/qwen3-tiny-addition-cpu-local-torch-v1"
 RAY = "grpo/qwen3-tiny-addition-cpu-ray-dp2-torch-v1"
 
 
-@pytest.mark.slow  # keeps the default tier under 15 minutes; the Ray path itself is tested in test_orchestration
+@pytest.mark.slow  # keeps the default tier under 15 minutes; the Ray path itself is tested in orchestration/test_ray_backend.py
 @pytest.mark.parametrize("experiment", [LOCAL, RAY])
 def test_ray_job_submit_short_run_succeeds(ray_head, mlflow_server, tmp_path, experiment):
     from mlflow.tracking import MlflowClient

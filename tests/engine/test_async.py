@@ -20,7 +20,7 @@ import pytest
 
 from slime_hydra.app.preflight import compose_run
 from slime_hydra.errors import ConfigError
-from tests.conftest import FAST
+from tests.support.runs import FAST
 
 
 def test_async_turns_on_rollout_logprobs_and_checks_its_keys():

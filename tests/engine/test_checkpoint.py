@@ -2,7 +2,7 @@
 
 Every killed run is resumed from its save root (load=<save>, `latest`) and must end where an uninterrupted
 run of the same config ends: every metric of every rollout (perf/ timings aside) and every weight bit-identical
-on CPU. The kill-during-save cases slow each os.fsync down (tests/fault_hooks/sitecustomize.py) so a save of
+on CPU. The kill-during-save cases slow each os.fsync down (tests/support/fault_hooks/sitecustomize.py) so a save of
 this tiny model lasts long enough to be killed inside; the run is otherwise the unchanged CLI. The random-moment
 case prints its seed (SLIME_HYDRA_FAULT_SEED=<seed> repeats its choice of moment; the timing around it is the
 machine's). The full disk is a 1.5-checkpoint tmpfs where mounting is allowed (root), else the in-process case
@@ -28,10 +28,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from slime_hydra.engine.checkpoint import CheckpointError, load_state, resolve_checkpoint, save_checkpoint
-from tests.conftest import FAST
+from tests.support.runs import FAST
 
 CLI = str(Path(sys.executable).parent / "slime-hydra")
-HOOKS = str(Path(__file__).parent / "fault_hooks")
+HOOKS = str(Path(__file__).resolve().parents[1] / "support" / "fault_hooks")
 ARGS = FAST + ["logger=none", "num_rollout=6", "save_interval=2", "seed=7", "eval=none"]  # checkpoints 1, 3, 5
 FINAL = "rollout_000005"
 SEED = int(os.environ.get("SLIME_HYDRA_FAULT_SEED") or time.time_ns() % 2**31)

@@ -14,8 +14,7 @@ from slime_hydra.engine.steps import EvalSet, evaluate, generate_groups
 from slime_hydra.engine.warmstart import accuracy_check, warm_start
 from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.rollout.local import LocalRollout
-from tests.conftest import FAST
-from tests.test_config import problems_of
+from tests.support.runs import FAST, problems_of
 
 
 @pytest.fixture

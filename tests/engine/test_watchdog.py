@@ -18,7 +18,7 @@ from slime_hydra.engine.watchdog import StallWatchdog
 from slime_hydra.errors import RunError, StallError
 from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.types import Sample
-from tests.conftest import FAST, ROOT, run_cli
+from tests.support.runs import FAST, ROOT, run_cli
 
 
 def test_deadline_is_the_floor_or_factor_times_the_longest_recent_step(tmp_path):
@@ -104,8 +104,8 @@ def hangs_after_two_rollouts(sample, **kw):
 def test_cli_run_whose_reward_hangs_exits_3_with_the_stacks(workdir, monkeypatch):
     """The deadline is max(20 s, 3 x the longest step): a loaded CI machine's slow rollouts 1-2 (a few seconds
     each) must not fire it (at 4 s it once fired inside rollout 2), the hang in rollout 3 must."""
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the run imports the hook as tests.test_watchdog
-    r = run_cli([*FAST, "logger=none", "eval=none", "num_rollout=5", "save_interval=1", "+reward.custom_rm._target_=tests.test_watchdog.hangs_after_two_rollouts",
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the run imports the hook as tests.engine.test_watchdog
+    r = run_cli([*FAST, "logger=none", "eval=none", "num_rollout=5", "save_interval=1", "+reward.custom_rm._target_=tests.engine.test_watchdog.hangs_after_two_rollouts",
                  "reward.custom_rm_timeout_s=3600", "stall_min_timeout_s=20", "stall_timeout_factor=3",
                  "output_dir=out"], workdir, timeout=300)
     assert r.returncode == 3, (r.returncode, r.stderr[-3000:])
@@ -134,7 +134,7 @@ def test_ray_run_whose_reward_hangs_dumps_every_actor_s_stacks(workdir, monkeypa
     rank, the rollout manager, its engine), each taken by SIGUSR2 through faulthandler (orchestration/stacks.py)."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     r = run_cli([*FAST, "logger=none", "eval=none", "num_rollout=5", "save_interval=1", "cluster.backend=ray",
-                 "+reward.custom_rm._target_=tests.test_watchdog.hangs_after_two_rollouts", "reward.custom_rm_timeout_s=3600",
+                 "+reward.custom_rm._target_=tests.engine.test_watchdog.hangs_after_two_rollouts", "reward.custom_rm_timeout_s=3600",
                  "stall_min_timeout_s=20", "stall_timeout_factor=3", "output_dir=out"], workdir, timeout=400)
     assert r.returncode == 3, (r.returncode, r.stderr[-3000:])
     assert "stall: no rollout step finished in" in r.stderr, r.stderr[-3000:]

@@ -25,8 +25,8 @@ from slime_hydra.rollout.local import LocalRollout
 from slime_hydra.training.batch import collate
 from slime_hydra.training.packed import packed_logits
 from slime_hydra.types import Sample, SamplingParams, Status
-from tests.test_algorithms_backend import TOK, samples
-from tests.trainers import torch_backend
+from tests.support.tiny import TOK, samples
+from tests.support.trainers import torch_backend
 
 CPU = torch.device("cpu")
 

@@ -12,7 +12,7 @@ from slime_hydra.app.preflight import compose_run, validate_composed
 from slime_hydra.config.preflight import Composer, check_overrides
 from slime_hydra.config.validate_model import max_lost_lr, num_parameters
 from slime_hydra.errors import ConfigError
-from tests.conftest import FAST, run_cli
+from tests.support.runs import FAST, run_cli
 
 # Qwen3-0.6B's config.json, the fields the checks read (values of the released model)
 QWEN3_0_6B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,

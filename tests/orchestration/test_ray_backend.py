@@ -11,7 +11,8 @@ from slime_hydra.app.preflight import compose_run
 from slime_hydra.config.schema import ClusterConfig
 from slime_hydra.errors import ConfigError
 from slime_hydra.orchestration.placement import layout_problems, plan_layout
-from tests.conftest import FAST, mlflow_db, run_cli
+from tests.support.runs import FAST, mlflow_db, run_cli
+from tests.support.tiny import random_batch
 
 
 @pytest.fixture(scope="module")
@@ -72,20 +73,6 @@ def test_layout_the_cluster_cannot_hold_exits_2_before_any_actor(ray_cluster, wo
     assert not (workdir / "outputs").exists() or not list((workdir / "outputs").rglob("checkpoints"))
 
 
-def _batch(n: int, t: int, vocab: int, seed: int):
-    from slime_hydra.protocols import TrainBatch
-
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, vocab, (n, t + 1), generator=g)
-    lengths = torch.randint(t // 2, t + 1, (n,), generator=g)  # ragged responses: unequal token counts per rank
-    attn = (torch.arange(t + 1)[None] <= lengths[:, None]).long()
-    mask = torch.zeros(n, t)
-    for i, L in enumerate(lengths.tolist()):
-        mask[i, 2:L] = 1.0  # first 2 tokens are the prompt
-    adv = torch.randn(n, generator=g)[:, None] * mask
-    return TrainBatch(ids, attn, mask, adv)
-
-
 # token_mean (the step's token count summed over ranks) in the default tier; sample_token_mean (~20 s) slow
 @pytest.mark.parametrize("aggregation", ["token_mean", pytest.param("sample_token_mean", marks=pytest.mark.slow)])
 def test_two_dp_ranks_match_one_rank_float64(ray_cluster, aggregation):
@@ -96,12 +83,12 @@ def test_two_dp_ranks_match_one_rank_float64(ray_cluster, aggregation):
     from slime_hydra.models.build import build_model, build_tokenizer
     from slime_hydra.orchestration.calls import RayCalls
     from slime_hydra.orchestration.train_group import TrainGroup
-    from tests.trainers import torch_backend
+    from tests.support.trainers import torch_backend
 
     cfg = compose_run(FAST + ["model.dtype=float64", f"algorithm.loss_aggregation={aggregation}", "num_rollout=1",
                               "train.num_steps_per_rollout=2", "train.micro_batch_size=2", "train.lr=1e-2"])
     # 8 prompts × 4 samples = 32 = global_batch_size 16 × 2 steps; each rank gets 8 of each step's 16
-    batch = _batch(32, 10, 40, seed=0)
+    batch = random_batch(32, 10, 40, seed=0)
     tok = build_tokenizer(cfg.model)
     one = torch_backend(build_model(cfg.model, tok, cfg.seed), cfg.algorithm, cfg.train, 1.0, 2, torch.device("cpu"),
                             max_response_len=cfg.rollout.rollout_max_response_len, model_impl=cfg.model.model_impl)
@@ -196,7 +183,7 @@ def test_ray_ppo_matches_in_process_ppo(ray_cluster, tmp_path):
 
     # rewards that differ within a group from the first rollout on: returns, values and the value loss are not 0
     common = FAST + ["algorithm=ppo", "logger=none", "num_rollout=2", "save_interval=null", "eval=none",
-                     "+reward.custom_rm._target_=tests.test_replay.digit_reward"]
+                     "+reward.custom_rm._target_=tests.support.plugins.digit_reward"]
     run_session(compose_run(common), str(tmp_path / "local"), common)
     ray_args = common + ["cluster.backend=ray", "cluster.actor_num_gpus_per_node=2", "cluster.rollout_num_gpus=1"]
     run_session(compose_run(ray_args), str(tmp_path / "ray"), ray_args)
@@ -215,7 +202,7 @@ def test_ray_ppo_matches_in_process_ppo(ray_cluster, tmp_path):
 def test_ray_refuses_what_it_cannot_drive_at_validation(workdir):
     """What Ray does not drive yet (issue 22: megatron ranks together with SGLang engines; SGLang on several nodes) stops
     the run at validation with exit 2, every key named at once, before Ray starts and before any data or model loads.
-    Megatron ranks (tests/test_ray_megatron.py), SGLang engines (tests/test_ray_sglang.py) and PPO's critic on torch
+    Megatron ranks (tests/orchestration/test_megatron_group.py), SGLang engines (tests/orchestration/test_sglang_engines.py) and PPO's critic on torch
     ranks (test_ray_ppo_matches_in_process_ppo) are driven on their own."""
     proc = run_cli([*FAST, "logger=none", "num_rollout=1", "cluster.backend=ray", "train=megatron", "rollout=sglang",
                     "algorithm=ppo"], workdir, timeout=300)

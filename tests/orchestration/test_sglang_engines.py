@@ -18,7 +18,7 @@ import pytest
 
 from slime_hydra.app.preflight import compose_run
 from slime_hydra.types import SamplingParams, Status
-from tests.conftest import FAST
+from tests.support.runs import FAST
 
 pytestmark = pytest.mark.sglang
 

@@ -41,7 +41,7 @@ def test_a_stuck_actor_s_stack_is_collected(local_ray, tmp_path):
     text = collect([proc, gone, away], deadline_s=10)
     assert time.monotonic() - t0 < 10
     assert f"--- train rank 1 (pid {proc.pid}" in text
-    assert "wait_for_a_collective_that_never_ends" in text and "test_actor_stacks.py" in text  # the stuck frame
+    assert "wait_for_a_collective_that_never_ends" in text and "test_stacks.py" in text  # the stuck frame
     assert "rollout manager (pid" in text and "not signalled" in text
     assert "rank 9 (pid 1 on another-node): not signalled from" in text and "/tmp/x.txt" in text
     ray.kill(actor)

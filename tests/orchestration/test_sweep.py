@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import FAST, mlflow_db, run_cli
+from tests.support.runs import FAST, mlflow_db, run_cli
 
 
 def test_ray_launcher_sweep_logs_parent_and_children(workdir, ray_head):

@@ -21,7 +21,7 @@ import ray
 
 from slime_hydra.errors import RunError
 from slime_hydra.orchestration.calls import RayCalls, get, outer_timeout_s
-from tests.conftest import FAST
+from tests.support.runs import FAST
 
 SLACK_S = 8.0  # scheduling and RPC latency allowed beyond a deadline on a loaded machine
 
@@ -132,7 +132,7 @@ def test_train_group_collective_timeout_and_a_dead_rank(local_ray):
     from slime_hydra.app.preflight import compose_run
     from slime_hydra.orchestration.placement import plan_layout
     from slime_hydra.orchestration.train_group import TrainGroup, split_for_ranks
-    from tests.test_orchestration import _batch
+    from tests.support.tiny import random_batch
 
     cfg = compose_run(FAST + ["num_rollout=1"])
     lay = plan_layout(dataclasses.replace(cfg.cluster, backend="ray", actor_num_gpus_per_node=2, rollout_num_gpus=2), False)
@@ -140,7 +140,7 @@ def test_train_group_collective_timeout_and_a_dead_rank(local_ray):
     try:
         group = TrainGroup(pg, lay, 1, None, None, RayCalls(120.0, lambda: "Hint."), distributed_timeout_s=3.0)
         group.setup(cfg.model, algorithm_specs(cfg.algorithm, cfg.train, 1, cfg.rollout.rollout_max_response_len), 1.0, cfg.seed)
-        batch = _batch(32, 10, 40, seed=0)
+        batch = random_batch(32, 10, 40, seed=0)
         part0 = split_for_ranks(batch, group.num_steps, 2)[0]
         t0 = time.monotonic()
         with pytest.raises(RunError) as e:

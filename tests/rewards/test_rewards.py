@@ -99,9 +99,9 @@ def test_custom_rewards_sync_async_group():
 
 def test_custom_reward_checked_before_anything_starts():
     with pytest.raises(ConfigError) as info:
-        preflight(["+reward.custom_rm._target_=tests.test_rewards.nope", "reward.rm_type=f2"])
+        preflight(["+reward.custom_rm._target_=tests.rewards.test_rewards.nope", "reward.rm_type=f2"])
     text = str(info.value)
-    assert "tests.test_rewards.nope does not import" in text and "reward.rm_type='f2' is not one of" in text
+    assert "tests.rewards.test_rewards.nope does not import" in text and "reward.rm_type='f2' is not one of" in text
     with pytest.raises(ConfigError, match="does not fit a call with 1 positional"):
         preflight([f"++reward.custom_rm={{_target_:{__name__}.two_args}}"])
 
@@ -195,7 +195,7 @@ def test_multi_task_eval_logs_both_datasets_and_writes_samples(tmp_path):
 
     from slime_hydra.app.session import run_session
     from slime_hydra.config.store import asset_path
-    from tests.conftest import FAST, mlflow_db
+    from tests.support.runs import FAST, mlflow_db
 
     db = mlflow_db(tmp_path / "m.db")
     sub = f"{{path:'{asset_path('subtraction/test.jsonl')}',n_samples_per_eval_prompt:4,eval_temperature:1.0,eval_top_k:-1}}"

@@ -17,7 +17,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = "slime_hydra"
-ROOT = Path(__file__).resolve().parent.parent / PACKAGE
+ROOT = Path(__file__).resolve().parents[2] / PACKAGE
 
 FLOORS: list[tuple[str, ...]] = [  # top first
     ("__main__", "cli"),

@@ -1,6 +1,6 @@
 """Static conformance: every backend class implements every method of its Protocol (slime_hydra/protocols.py).
 
-mypy checks tests/typecheck/conformance.py, which assigns each backend class to its Protocol; a method missing
+mypy checks tests/static/typecheck/conformance.py, which assigns each backend class to its Protocol; a method missing
 or declared with an incompatible signature is an error there. A planted class without `abort` shows the check
 fails on exactly that.
 """
@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIG = ROOT / "tests" / "typecheck" / "mypy.ini"
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "tests" / "static" / "typecheck" / "mypy.ini"
 
 
 def mypy(*files: Path) -> tuple[int, str]:
@@ -22,7 +22,7 @@ def mypy(*files: Path) -> tuple[int, str]:
 
 
 def test_every_backend_conforms_to_its_protocol():
-    rc, out = mypy(ROOT / "tests" / "typecheck" / "conformance.py")
+    rc, out = mypy(ROOT / "tests" / "static" / "typecheck" / "conformance.py")
     assert rc == 0 and "Success: no issues found" in out, out
 
 

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import FAST
+from tests.support.runs import FAST
 
 
 def test_two_concurrent_runs_into_mlflow_server(mlflow_server, workdir):

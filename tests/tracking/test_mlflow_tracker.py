@@ -5,7 +5,7 @@ from __future__ import annotations
 from mlflow.tracking import MlflowClient
 
 from slime_hydra.tracking.mlflow_tracker import MLflowTracker
-from tests.conftest import mlflow_db
+from tests.support.runs import mlflow_db
 
 
 def test_artifacts_land_beside_the_sqlite_store_not_in_the_working_directory(tmp_path, monkeypatch):

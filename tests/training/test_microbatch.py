@@ -20,9 +20,9 @@ from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.errors import ConfigError
 from slime_hydra.training.microbatch import micro_batch_cost, micro_batch_indices, partition_by_tokens
 from slime_hydra.training.torch_backend import TorchTrainBackend
-from tests import trainers
-from tests.conftest import run_cli
-from tests.test_algorithms_backend import CPU, MAX_LEN, TOK, base_model, make_batch, samples
+from tests.support import trainers
+from tests.support.runs import run_cli
+from tests.support.tiny import CPU, MAX_LEN, TOK, base_model, make_batch, samples
 
 torch.set_num_threads(1)
 
@@ -196,7 +196,7 @@ def test_megatron_dynamic_batches_give_the_fixed_step():
     """TP=PP=DP=1, float32: fixed micro-batches of 1 vs a train budget of 28 (each step's 2 rows of 14 tokens in one
     micro-batch) and a log-prob budget of 56 (the 4 rows, 14 + 14 + 14 + 11 tokens padded to 4 x 14, in one; the
     second step's old log-probs: its 2 rows in one). Two steps per rollout, so the log-prob pass feeds the loss."""
-    from tests.megatron_cpu import shim, workers
+    from tests.support.megatron_cpu import shim, workers
 
     shim.install()
 
@@ -223,7 +223,7 @@ def test_megatron_dynamic_batches_give_the_fixed_step():
 
 def uneven_batch():
     """workers.fixed_batch with row 1 cut to 10 tokens: rows of 14, 10, 14, 11 tokens."""
-    from tests.megatron_cpu import workers
+    from tests.support.megatron_cpu import workers
 
     batch = workers.fixed_batch()
     batch.attention_mask[1, 10:] = 0
@@ -235,7 +235,7 @@ def uneven_batch():
 
 def train_once(parallel: dict, train_overrides: dict) -> dict:
     """One train_rollout (one step of the 4 rows) of the tiny megatron backend; metrics and log-probs after it."""
-    from tests.megatron_cpu import workers
+    from tests.support.megatron_cpu import workers
 
     cfg, _, hf = workers.tiny_setup(["train.num_steps_per_rollout=1"])
     b = trainers.megatron_backend(hf.state_dict(), hf.config, cfg.model, dataclasses.replace(cfg.parallelism, **parallel),
@@ -250,7 +250,7 @@ def train_once(parallel: dict, train_overrides: dict) -> dict:
 def dp2_main(rank: int, port: int, out_dir: str) -> None:
     import os
 
-    from tests.megatron_cpu import shim
+    from tests.support.megatron_cpu import shim
 
     shim.install()
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -265,7 +265,7 @@ def test_megatron_dp2_ranks_with_different_micro_batch_counts_give_the_single_st
     equals one process with fixed micro-batches of 1."""
     import socket
 
-    from tests.megatron_cpu import shim
+    from tests.support.megatron_cpu import shim
 
     shim.install()
     with socket.socket() as s:

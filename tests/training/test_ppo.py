@@ -9,8 +9,8 @@ from torch.testing import assert_close
 from slime_hydra.algorithms.advantages import ppo_advantages
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.training.torch_backend import TorchTrainBackend
-from tests.test_algorithms_backend import CPU, MAX_LEN, TOK, base_model, samples
-from tests.trainers import algo_advantages, torch_backend
+from tests.support.tiny import CPU, MAX_LEN, TOK, base_model, samples
+from tests.support.trainers import algo_advantages, torch_backend
 
 t = lambda rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
 

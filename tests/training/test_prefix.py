@@ -10,7 +10,7 @@ from torch.testing import assert_close
 from slime_hydra.algorithms.losses import log_probs_from_logits
 from slime_hydra.training.batch import collate
 from slime_hydra.training.prefix import shared_prefix_logits, split_points
-from tests.test_algorithms_backend import TOK, base_model, samples
+from tests.support.tiny import TOK, base_model, samples
 
 
 def test_split_points():

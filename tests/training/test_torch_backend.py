@@ -7,74 +7,21 @@ micro-batch losses sum exactly). First step of a rollout: ppo_kl is exactly 0 (s
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from torch.testing import assert_close
 
-from slime_hydra.algorithms.advantages import compute_advantages
 from slime_hydra.algorithms.losses import aggregate
-from slime_hydra.config.schema import AlgorithmConfig, ModelConfig, TrainConfig
-from slime_hydra.models.build import build_model
-from slime_hydra.models.tokenizer import build_char_tokenizer
-from slime_hydra.training.batch import collate
+from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.training.torch_backend import TorchTrainBackend
-from slime_hydra.types import Sample
-from tests.trainers import torch_backend
-
-torch.set_num_threads(1)
-TOK = build_char_tokenizer()
-CPU = torch.device("cpu")
-MAX_LEN = 6
-
-
-def reinforce_surrogate(log_probs, old_log_probs, advantages, mask, scale=1.0):
-    """A custom_loss plug-in for the tests: plain REINFORCE, -scale * A * log pi."""
-    return -scale * advantages * log_probs
-
-
-def samples() -> list[Sample]:
-    """8 samples in 4 groups of 2 with different prompt and response lengths; group 3 agrees (zero advantages)."""
-    spec = [("12+34=", "46", 1.0), ("12+34=", "47", 0.0), ("5+5=", "10", 1.0), ("5+5=", "9", 0.0),
-            ("7+8=", "15", 0.0), ("7+8=", "1", 1.0), ("1+1=", "2", 1.0), ("1+1=", "3", 1.0)]
-    out = []
-    for i, (prompt, answer, reward) in enumerate(spec):
-        p = TOK.encode(prompt)
-        r = TOK.encode(answer) + [TOK.eos_token_id]
-        lm = [1] * len(r)
-        if i == 4:
-            lm[0] = 0  # a masked-out response token
-        out.append(Sample(prompt=prompt, prompt_tokens=p, tokens=p + r, response_length=len(r), reward=reward,
-                          loss_mask=lm, rollout_log_probs=[-1.5 - 0.3 * j for j in range(len(r))], group_index=i // 2,
-                          index=i))
-    return out
-
-
-def make_batch(estimator: str = "grpo", **kw):
-    ss = samples()
-    batch = collate(ss, torch.zeros(len(ss)), TOK.pad_token_id)
-    rewards = torch.tensor([s.reward for s in ss])
-    batch.advantages = compute_advantages(estimator, rewards, batch.loss_mask, None, 2, **kw).float()
-    return batch
-
-
-BASE = None
-
-
-def base_model() -> torch.nn.Module:
-    global BASE
-    if BASE is None:
-        cfg = ModelConfig(num_layers=1, hidden_size=32, ffn_hidden_size=64, num_attention_heads=2, num_query_groups=1,
-                          kv_channels=16, dtype="float32")
-        BASE = build_model(cfg, TOK, seed=0).double()
-    return copy.deepcopy(BASE)
+from tests.support.tiny import CPU, MAX_LEN, base_model, make_batch
+from tests.support.trainers import torch_backend
 
 
 def backend(algo: AlgorithmConfig, mbs: int, gbs: int = 8, steps: int = 1, skip: bool = True, lr: float = 1e-3,
             adam_impl: str = "fused") -> TorchTrainBackend:
     # prefix_sharing off: these invariances are about micro-batching, to float64 round-off; sharing merges rows
-    # before transformers' float32 RMSNorm (~1e-7), and tests/test_prefix_sharing.py checks it against this path
+    # before transformers' float32 RMSNorm (~1e-7), and tests/training/test_prefix.py checks it against this path
     train = TrainConfig(micro_batch_size=mbs, global_batch_size=gbs, num_steps_per_rollout=steps, lr=lr, clip_grad=0.0,
                         skip_zero_advantage_samples=skip, prefix_sharing=False, adam_impl=adam_impl)
     b = torch_backend(base_model(), algo, train, temperature=1.0, total_steps=10, device=CPU, max_response_len=MAX_LEN)
@@ -151,7 +98,7 @@ def test_use_rollout_logprobs_makes_the_rollout_log_probs_old():
 
 def test_custom_loss_plugin_replaces_the_surrogate():
     # -A log pi has CISPO's gradient on a first step (ratio 1, inside any band): the same update
-    custom = AlgorithmConfig(custom_loss={"_target_": "tests.test_algorithms_backend.reinforce_surrogate", "scale": 1.0})
+    custom = AlgorithmConfig(custom_loss={"_target_": "tests.support.plugins.reinforce_surrogate", "scale": 1.0})
     cispo = AlgorithmConfig(advantage_estimator="cispo", eps_clip=1.0, eps_clip_high=4.0)
     a, c = backend(custom, mbs=4, skip=False), backend(cispo, mbs=4, skip=False)
     batch = make_batch()

@@ -1,8 +1,8 @@
 """On the GPU (marker gpu): weight sync over an NCCL update group to a disaggregated SGLang engine.
 
 NCCL refuses two ranks on one device, so the trainer's tensors sit on cuda:0 and the engine on cuda:1
-(`rollout.sglang.base_gpu_id=1`); on CPU the same path runs over gloo (tests/test_sglang.py).
-Run on a machine with two GPUs: pytest -q -m gpu tests/test_sglang_gpu.py
+(`rollout.sglang.base_gpu_id=1`); on CPU the same path runs over gloo (tests/rollout/sglang/test_backend.py).
+Run on a machine with two GPUs: pytest -q -m gpu tests/rollout/sglang/test_gpu.py
 """
 
 from __future__ import annotations

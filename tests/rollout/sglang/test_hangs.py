@@ -78,7 +78,7 @@ def test_an_engine_that_does_not_start_in_time_fails_naming_the_key_and_leaves_n
     process it started is gone (it would hold a GPU otherwise)."""
     import subprocess
 
-    from tests.conftest import run_cli
+    from tests.support.runs import run_cli
 
     out = tmp_path / "run"
     r = run_cli(["experiment=grpo/qwen3-tiny-addition-cpu-sglang-torch-v1", "logger=none", "logger.progress_bar=false",

@@ -91,7 +91,7 @@ def short_run(tmp_path_factory):
     from slime_hydra.app.build import build
     from slime_hydra.app.preflight import compose_run
     from slime_hydra.engine import loop
-    from tests.conftest import mlflow_db
+    from tests.support.runs import mlflow_db
 
     out = tmp_path_factory.mktemp("weight_sync")
     db = mlflow_db(out / "mlflow.db")

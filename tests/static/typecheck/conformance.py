@@ -1,4 +1,4 @@
-"""Every backend class assigned to the Protocol it implements; mypy (tests/test_typecheck.py) reports here any
+"""Every backend class assigned to the Protocol it implements; mypy (tests/static/test_typecheck.py) reports here any
 method a backend lacks or declares with an incompatible signature. A new backend adds one line."""
 
 from __future__ import annotations

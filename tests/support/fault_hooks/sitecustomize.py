@@ -1,4 +1,4 @@
-"""Faults injected into a real run by tests/test_checkpoint_faults.py: Python imports this module at start-up when
+"""Faults injected into a real run by tests/engine/test_checkpoint.py: Python imports this module at start-up when
 this directory is on PYTHONPATH, so the run under test is the unchanged `slime-hydra` command.
 
 SLIME_HYDRA_TEST_FSYNC_DELAY_S=<seconds>: every os.fsync sleeps that long first, which stretches a checkpoint

@@ -1,6 +1,6 @@
-"""`python -m tests.megatron_cpu.cli ARGS`: the slime-hydra CLI with the CPU shim installed (megatron on CPU)."""
+"""`python -m tests.support.megatron_cpu.cli ARGS`: the slime-hydra CLI with the CPU shim installed (megatron on CPU)."""
 
-from tests.megatron_cpu import shim
+from tests.support.megatron_cpu import shim
 
 shim.install()
 

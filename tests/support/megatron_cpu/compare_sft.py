@@ -7,11 +7,11 @@ import torch
 
 dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 if dev.type == "cpu":
-    from tests.megatron_cpu import shim
+    from tests.support.megatron_cpu import shim
 
     shim.install()
-from tests.megatron_cpu.workers import fixed_batch, tiny_setup  # noqa: E402
-from tests.trainers import megatron_backend, torch_backend  # noqa: E402
+from tests.support.megatron_cpu.workers import fixed_batch, tiny_setup  # noqa: E402
+from tests.support.trainers import megatron_backend, torch_backend  # noqa: E402
 
 cfg, tok, hf = tiny_setup(sys.argv[1:])
 hf = hf.to(dev)

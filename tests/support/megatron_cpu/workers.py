@@ -46,7 +46,7 @@ def run_layout(cfg, hf, parallel, out_dir: str, tag: str) -> dict:
     """Convert, export, one train_rollout, log-probs after it; returns this rank's results."""
     import dataclasses
 
-    from tests.trainers import megatron_backend
+    from tests.support.trainers import megatron_backend
 
     par = dataclasses.replace(cfg.parallelism, **parallel)
     b = megatron_backend(hf.state_dict(), hf.config, cfg.model, par, cfg.algorithm, cfg.train, 1.0, 10,
@@ -64,7 +64,7 @@ def run_layout(cfg, hf, parallel, out_dir: str, tag: str) -> dict:
 
 def train_twice(cfg, hf) -> dict:
     """Log-probs before and after two train_rollouts of one TP=PP=DP=1 backend (no checkpoint)."""
-    from tests.trainers import megatron_backend
+    from tests.support.trainers import megatron_backend
 
     b = megatron_backend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, cfg.algorithm, cfg.train, 1.0, 10,
                              torch.device("cpu"), seed=cfg.seed, max_response_len=8)
@@ -79,7 +79,7 @@ def resume_layout(cfg, hf, parallel, ckpt_dir: str) -> dict:
     """A fresh backend (random weights) that loads `ckpt_dir`, then one more train_rollout."""
     import dataclasses
 
-    from tests.trainers import megatron_backend
+    from tests.support.trainers import megatron_backend
 
     par = dataclasses.replace(cfg.parallelism, **parallel)
     b = megatron_backend(None, hf.config, cfg.model, par, cfg.algorithm, cfg.train, 1.0, 10,
@@ -96,7 +96,7 @@ def warm_start_then_still_step(cfg, hf, parallel) -> dict:
     """Log-probs before and after two SFT steps (lr 1e-3), and after one RL rollout at lr 0 that follows them."""
     import dataclasses
 
-    from tests.trainers import megatron_backend
+    from tests.support.trainers import megatron_backend
 
     par = dataclasses.replace(cfg.parallelism, **parallel)
     still = dataclasses.replace(cfg.train, lr=0.0, min_lr=0.0)
@@ -122,7 +122,7 @@ def dtypes(b) -> dict[str, set]:
 
 
 def spawn_main(rank: int, world: int, port: int, out_dir: str, layouts: list[str]) -> None:
-    from tests.megatron_cpu import shim
+    from tests.support.megatron_cpu import shim
 
     shim.install()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -1,4 +1,4 @@
-"""The megatron backend on CPU (under tests/megatron_cpu/shim.py): conversion, parity, parallel layouts, GRPO.
+"""The megatron backend on CPU (under tests/support/megatron_cpu/shim.py): conversion, parity, parallel layouts, GRPO.
 
 One process holds TP=PP=DP=1; two spawned gloo processes run TP=2, TP=2 with sequence parallelism,
 PP=2 and DP=2 (distributed optimizer) on the same tiny Qwen3 and batch, each checked against it.
@@ -11,7 +11,7 @@ import socket
 import pytest
 import torch
 
-from tests.megatron_cpu import shim, workers
+from tests.support.megatron_cpu import shim, workers
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,7 @@ def test_engine_resume_through_megatron_checkpoints_is_exact(single, tmp_path, d
     from slime_hydra.app.preflight import compose_run
     from slime_hydra.app.session import run_session
     from slime_hydra.engine.checkpoint import load_state
-    from tests.conftest import FAST
+    from tests.support.runs import FAST
 
     def run(name, extra):
         cfg = compose_run(FAST + ["train=megatron", "logger=none", "seed=5", "num_rollout=2", "save_interval=1",
@@ -245,7 +245,7 @@ def test_cli_grpo_run_with_megatron_backend_raises_accuracy(tmp_path):
     args = ["train=megatron", "logger=none", "logger.progress_bar=false", "num_rollout=40", "eval.eval_interval=20",
             f"hydra.run.dir={tmp_path}/run"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(workers_root())}
-    proc = subprocess.run([sys.executable, "-m", "tests.megatron_cpu.cli", *args], cwd=tmp_path, env=env,
+    proc = subprocess.run([sys.executable, "-m", "tests.support.megatron_cpu.cli", *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     acc = json.loads((tmp_path / "run" / "summary.json").read_text())["eval/addition/accuracy"]
@@ -256,7 +256,7 @@ def test_cli_grpo_run_with_megatron_backend_raises_accuracy(tmp_path):
 
 
 def workers_root():
-    from tests.conftest import ROOT
+    from tests.support.runs import ROOT
 
     return ROOT
 

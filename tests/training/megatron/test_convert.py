@@ -1,4 +1,4 @@
-"""HF <-> Megatron conversion of the MoE, MLA and glm4 families on tiny random HF models (tests/megatron_cpu/zoo.py).
+"""HF <-> Megatron conversion of the MoE, MLA and glm4 families on tiny random HF models (tests/support/megatron_cpu/zoo.py).
 
 qwen3_moe stands for qwen3-30B-A3B, deepseek_v3 (MLA with query compression, a dense first layer, shared
 experts, sigmoid router with expert bias) for deepseek-v3 / kimi-k2, moonlight for MLA without query
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.megatron_cpu import zoo
+from tests.support.megatron_cpu import zoo
 
 FAMILIES = list(zoo.FAMILIES)
 
@@ -67,11 +67,11 @@ def test_in_memory_weights_map_to_checkpoint_names(built, family):
 
 @pytest.fixture(scope="module")
 def megatron_logprobs(built):
-    from tests.megatron_cpu import shim, workers
+    from tests.support.megatron_cpu import shim, workers
 
     shim.install()
     from slime_hydra.training.megatron import convert
-    from tests.trainers import megatron_backend
+    from tests.support.trainers import megatron_backend
 
     out = {}
     for fam in FAMILIES:
@@ -89,7 +89,7 @@ def megatron_logprobs(built):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_match_transformers(built, megatron_logprobs, family):
     from slime_hydra.algorithms.losses import log_probs_from_logits
-    from tests.megatron_cpu import workers
+    from tests.support.megatron_cpu import workers
 
     _, hf, _ = built[family]
     batch = workers.fixed_batch()

@@ -24,7 +24,7 @@ def test_bf16_logits_match_transformers_and_export_is_exact(tmp_path):
     from slime_hydra.app.preflight import compose_run
     from slime_hydra.config.store import register
     from slime_hydra.models.build import build_model, build_tokenizer
-    from tests.trainers import megatron_backend
+    from tests.support.trainers import megatron_backend
 
     register()
     # the tiny Qwen3 widened to a "small" one: 4 layers, d=512, 8 heads / 4 groups, head dim 64, bf16
