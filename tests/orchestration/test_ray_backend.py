@@ -202,8 +202,8 @@ def test_ray_ppo_matches_in_process_ppo(ray_cluster, tmp_path):
 def test_ray_refuses_what_it_cannot_drive_at_validation(workdir):
     """What Ray does not drive yet (issue 22: megatron ranks together with SGLang engines; SGLang on several nodes) stops
     the run at validation with exit 2, every key named at once, before Ray starts and before any data or model loads.
-    Megatron ranks (tests/orchestration/test_megatron_group.py), SGLang engines (tests/orchestration/test_sglang_engines.py) and PPO's critic on torch
-    ranks (test_ray_ppo_matches_in_process_ppo) are driven on their own."""
+    Megatron ranks (tests/orchestration/test_megatron_group.py), SGLang engines (tests/orchestration/test_sglang_engines.py)
+    and PPO's critic on torch ranks (test_ray_ppo_matches_in_process_ppo) are driven on their own."""
     proc = run_cli([*FAST, "logger=none", "num_rollout=1", "cluster.backend=ray", "train=megatron", "rollout=sglang",
                     "algorithm=ppo"], workdir, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
