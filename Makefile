@@ -60,7 +60,7 @@ lint: $(STAMP) ## ruff (pyflakes, import order) over the package, tests and benc
 	$(PY) -m ruff check slime_hydra tests benchmarks
 
 golden: $(STAMP) ## rewrite tests/golden/ (every experiment's composed config) after an intended change
-	$(PY) -m tests.test_experiments
+	$(PY) -m tests.config.test_experiments
 
 clean: ## remove run outputs (keeps .venv)
 	rm -rf outputs multirun mlruns mlruns.db bench_out

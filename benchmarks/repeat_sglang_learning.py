@@ -1,10 +1,10 @@
-"""Repeat tests/test_sglang.py's learning run to measure its spread (issue 23: bounds from distributions).
+"""Repeat tests/rollout/sglang/test_backend.py's learning run to measure its spread (issue 23: bounds from distributions).
 
 Each repetition is its own process (fresh engines and router) running the test's fixture config; one JSON line
 per run: the held-out accuracy before and after, and the training reward of every rollout.
     .venv/bin/python -m benchmarks.repeat_sglang_learning --reps 10 --out bench_out/sglang_reps.jsonl [overrides]
 e.g. `train.lr=1e-12` for the no-learning control (validation refuses lr=0). The summary line per run prints
-the held-out rise; the fitted reward rise is `tests.test_sglang.fitted_rise` of the "reward" list.
+the held-out rise; the fitted reward rise is `tests.rollout.sglang.test_backend.fitted_rise` of the "reward" list.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import time
 
 ONE = r"""
 import json, sys, time
-sys.path.insert(0, "tests")
-from test_sglang import EXPERIMENT, RUN, NUM_ROLLOUT, FIXTURE, rewards_of, eval_of, fitted_rise
+from tests.rollout.sglang.test_backend import EXPERIMENT, RUN, NUM_ROLLOUT, FIXTURE, rewards_of, eval_of, fitted_rise
 from slime_hydra.app.build import build
 from slime_hydra.app.preflight import compose_run
 from slime_hydra.engine import loop

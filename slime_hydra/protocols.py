@@ -4,7 +4,7 @@ Bottom floor (imports only types and torch): the engine, the builders and every 
 here. Each Protocol lists every method the loop, the warm start and the checkpointing call; a capability
 some backends lack is a declared attribute (`RolloutBackend.cooperative`) or a no-op method
 (`TrainBackend.save_checkpoint` on a trainer whose state travels in `state_dict`), never a probe.
-tests/typecheck/conformance.py assigns every backend class to its Protocol and mypy checks it.
+tests/static/typecheck/conformance.py assigns every backend class to its Protocol and mypy checks it.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from slime_hydra.cli import split_argv
-from tests.conftest import run_cli
+from tests.support.runs import run_cli
 
 
 def test_help_is_the_programs_own(workdir):

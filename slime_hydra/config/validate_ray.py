@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from slime_hydra.config.schema import AlgorithmConfig, ClusterConfig, RolloutConfig, TrainConfig
 
-NOT_YET = "cluster.backend=ray does not drive"  # the start of every refusal here (tests/test_experiments.py: PENDING)
+NOT_YET = "cluster.backend=ray does not drive"  # the start of every refusal here (tests/config/test_experiments.py: PENDING)
 
 
 def check_ray_pairing(cluster: ClusterConfig, train: TrainConfig, rollout: RolloutConfig, algorithm: AlgorithmConfig,

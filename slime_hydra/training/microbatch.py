@@ -6,7 +6,7 @@ to the longest sample (transformers, megatron), its real tokens where it packs (
 Samples go longest first, and a sample longer than the budget trains alone. Then, by cost:
 - padded: consecutive runs of the length-sorted samples (a long sample with short ones pays their padding),
   the fewest runs the budget allows, cut so that the costliest run is as cheap as any that many runs allow
-  (on small cases this is the optimum over every partition: tests/test_microbatch.py brute-forces it);
+  (on small cases this is the optimum over every partition: tests/training/test_microbatch.py brute-forces it);
 - packed: balanced LPT, each sample into the micro-batch with the fewest tokens among k, k rising from a
   lower bound until every sample fits; then max cost - min cost <= the longest sample (when a sample
   entered the costliest micro-batch, that one had the fewest tokens).

@@ -12,7 +12,7 @@ with torch's Adam (KeyError 'step', distrib_optimizer.py:940). A checkpoint load
 optimizer kind that wrote it (distributed or not: different keys); check_loadable says so, naming
 parallelism.use_distributed_optimizer, before anything is read. Scalars (optimizer step counts, the
 backend's own counters, the optimizer layout) go into the common part. bf16 / fp16 models: the optimizer's fp32
-main params and Adam moments are saved beside the model's bf16 weights (resumes are bit-exact, tests/test_megatron.py),
+main params and Adam moments are saved beside the model's bf16 weights (resumes are bit-exact, tests/training/megatron/test_backend.py),
 which needs every model parameter in the model dtype (model.cast_parameters). Left out: asynchronous saving (megatron's
 async_sharded_save) and any lookahead for a shared filesystem's consistency: ranks of one job are
 assumed to see the same directory, as megatron's own checkpointing assumes.

@@ -29,7 +29,7 @@ class SDPAttention(DotProductAttention):
     """Core attention through F.scaled_dot_product_attention; [s, b, heads, dim] in, [s, b, hidden] out.
 
     Grouped-query attention: SDPA broadcasts the key/value groups itself (enable_gqa, torch >= 2.5) rather
-    than a repeat_interleave copy per head: the same numbers (bit-equal on CPU, tests/test_megatron.py; on
+    than a repeat_interleave copy per head: the same numbers (bit-equal on CPU, tests/training/megatron/test_backend.py; on
     the H200: benchmarks/bench_megatron.py --parts parity) and no [b, heads, s, dim] copies of k and v."""
 
     def __init__(self, *args, k_channels=None, v_channels=None, **kwargs):

@@ -1,0 +1,133 @@
+"""Multi-process megatron runs on CPU (gloo) for the tests: one function per spawned rank."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+LAYOUTS = {  # name -> parallelism overrides (2 processes: what is not TP or PP is DP)
+    "tp2": {"tensor_model_parallel_size": 2},
+    "pp2": {"pipeline_model_parallel_size": 2},
+    "dp2": {"use_distributed_optimizer": True},
+}
+
+
+def tiny_setup(overrides: list[str] = ()):
+    """(cfg, tokenizer, HF model) of the embedded default with the megatron trainer."""
+    from slime_hydra.app.preflight import compose_run
+    from slime_hydra.config.store import register
+    from slime_hydra.models.build import build_model, build_tokenizer
+
+    register()
+    cfg = compose_run(["train=megatron", "train.num_steps_per_rollout=2", "train.micro_batch_size=1", "train.lr=1e-3",
+                       "rollout.rollout_batch_size=1", "rollout.n_samples_per_prompt=4", *overrides])
+    tok = build_tokenizer(cfg.model)
+    return cfg, tok, build_model(cfg.model, tok, cfg.seed)
+
+
+def fixed_batch():
+    """4 right-padded sequences of the char vocabulary, responses on the last positions, mixed advantages."""
+    from slime_hydra.protocols import TrainBatch
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 59, (4, 14), generator=g)
+    attn = torch.ones_like(ids)
+    attn[3, 11:] = 0  # one shorter sequence
+    ids[3, 11:] = 0
+    loss_mask = torch.zeros(4, 13)
+    loss_mask[:, 6:] = 1
+    loss_mask[3, 10:] = 0
+    adv = torch.tensor([1.0, -0.5, 0.7, -1.2]).unsqueeze(1) * loss_mask
+    return TrainBatch(ids, attn, loss_mask, adv)
+
+
+def run_layout(cfg, hf, parallel, out_dir: str, tag: str) -> dict:
+    """Convert, export, one train_rollout, log-probs after it; returns this rank's results."""
+    import dataclasses
+
+    from tests.support.trainers import megatron_backend
+
+    par = dataclasses.replace(cfg.parallelism, **parallel)
+    b = megatron_backend(hf.state_dict(), hf.config, cfg.model, par, cfg.algorithm, cfg.train, 1.0, 10,
+                             torch.device("cpu"), seed=cfg.seed, max_response_len=8)
+    batch = fixed_batch()
+    before = b.compute_log_probs(batch)
+    b.save_hf(os.path.join(out_dir, f"{tag}_hf_before"))
+    metrics = b.train_rollout(batch)
+    after = b.compute_log_probs(batch)
+    b.save_checkpoint(os.path.join(out_dir, f"{tag}_ckpt"))  # megatron dist checkpoint after one rollout
+    metrics2 = b.train_rollout(batch)
+    return {"before": before, "after": after, "metrics": metrics, "after2": b.compute_log_probs(batch), "metrics2": metrics2,
+            "dtypes": dtypes(b)}
+
+
+def train_twice(cfg, hf) -> dict:
+    """Log-probs before and after two train_rollouts of one TP=PP=DP=1 backend (no checkpoint)."""
+    from tests.support.trainers import megatron_backend
+
+    b = megatron_backend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, cfg.algorithm, cfg.train, 1.0, 10,
+                             torch.device("cpu"), seed=cfg.seed, max_response_len=8)
+    batch = fixed_batch()
+    before = b.compute_log_probs(batch)
+    b.train_rollout(batch)
+    b.train_rollout(batch)
+    return {"before": before, "after2": b.compute_log_probs(batch)}
+
+
+def resume_layout(cfg, hf, parallel, ckpt_dir: str) -> dict:
+    """A fresh backend (random weights) that loads `ckpt_dir`, then one more train_rollout."""
+    import dataclasses
+
+    from tests.support.trainers import megatron_backend
+
+    par = dataclasses.replace(cfg.parallelism, **parallel)
+    b = megatron_backend(None, hf.config, cfg.model, par, cfg.algorithm, cfg.train, 1.0, 10,
+                             torch.device("cpu"), seed=cfg.seed + 1, max_response_len=8)
+    b.load_checkpoint(ckpt_dir)
+    batch = fixed_batch()
+    loaded = b.compute_log_probs(batch)
+    metrics2 = b.train_rollout(batch)
+    return {"loaded": loaded, "after2": b.compute_log_probs(batch), "steps_done": b.steps_done, "metrics2": metrics2,
+            "dtypes": dtypes(b)}
+
+
+def warm_start_then_still_step(cfg, hf, parallel) -> dict:
+    """Log-probs before and after two SFT steps (lr 1e-3), and after one RL rollout at lr 0 that follows them."""
+    import dataclasses
+
+    from tests.support.trainers import megatron_backend
+
+    par = dataclasses.replace(cfg.parallelism, **parallel)
+    still = dataclasses.replace(cfg.train, lr=0.0, min_lr=0.0)
+    b = megatron_backend(hf.state_dict(), hf.config, cfg.model, par, cfg.algorithm, still, 1.0, 10,
+                             torch.device("cpu"), seed=cfg.seed, max_response_len=8)
+    batch = fixed_batch()
+    before = b.compute_log_probs(batch)
+    for _ in range(2):
+        b.sft_step(batch, 1e-3)
+    b.end_warm_start()
+    warm = b.compute_log_probs(batch)
+    b.train_rollout(batch)
+    return {"before": before, "warm": warm, "after": b.compute_log_probs(batch)}
+
+
+def dtypes(b) -> dict[str, set]:
+    """The dtypes a backend holds: model parameters, the optimizer's (main) parameters, its Adam moments."""
+    opts = [o.optimizer for o in getattr(b.optimizer, "chained_optimizers", [b.optimizer])]
+    main = [p for o in opts for g in o.param_groups for p in g["params"]]
+    moments = [t for o in opts for st in o.state.values() for k, t in st.items() if k in ("exp_avg", "exp_avg_sq")]
+    return {"model": {p.dtype for p in b.gpt.parameters()}, "main": {p.dtype for p in main},
+            "moments": {t.dtype for t in moments}, "num_moments": len(moments), "num_main": len(main)}
+
+
+def spawn_main(rank: int, world: int, port: int, out_dir: str, layouts: list[str]) -> None:
+    from tests.support.megatron_cpu import shim
+
+    shim.install()
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    cfg, _, hf = tiny_setup()
+    for name in layouts:
+        res = run_layout(cfg, hf, LAYOUTS[name], out_dir, name)
+        torch.save(res, os.path.join(out_dir, f"{name}_rank{rank}.pt"))

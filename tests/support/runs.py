@@ -1,0 +1,56 @@
+"""Helpers for tests that run the program: the repository root, the CLI as a user runs it, a real MLflow store,
+the small fast overrides of the embedded default, and validation's problem list."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slime_hydra.app.preflight import preflight
+from slime_hydra.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_MLFLOW_TEMPLATE: list[Path] = []
+
+
+def mlflow_db(path: Path) -> str:
+    """A real, empty MLflow sqlite store at `path`; returns its tracking URI. The store's schema migrations
+    (~4 s) run once per session into a template that each call copies."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if not _MLFLOW_TEMPLATE:
+        from mlflow.tracking import MlflowClient
+
+        template = Path(tempfile.mkdtemp(prefix="mlflow_template_")) / "mlflow.db"
+        atexit.register(shutil.rmtree, template.parent, ignore_errors=True)
+        MlflowClient(f"sqlite:///{template}").search_experiments()  # creates the tables
+        _MLFLOW_TEMPLATE.append(template)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(_MLFLOW_TEMPLATE[0], path)
+    return f"sqlite:///{path}"
+
+
+def run_cli(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`python -m slime_hydra ARGS` in `cwd`, as a user would run it."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "slime_hydra", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def problems_of(overrides: list[str], multirun: bool = False) -> list[str]:
+    """Every problem validation reports for `overrides` (it must refuse them)."""
+    with pytest.raises(ConfigError) as info:
+        preflight(overrides, multirun=multirun)
+    return info.value.problems
+
+
+# Small, fast variant of the embedded default for end-to-end tests.
+FAST = ["logger.progress_bar=false", "warmstart.steps=0", "rollout.rollout_batch_size=8", "rollout.n_samples_per_prompt=4",
+        "train.micro_batch_size=16", "eval.eval_interval=null"]
