@@ -76,7 +76,6 @@ def check_batch(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
         return
     t.global_batch_size, t.num_steps_per_rollout = gbs, steps
     if t.micro_batch_size is None:  # one micro-batch per step: a rank's share of the global batch
-        c = cfg.cluster
         t.micro_batch_size = max(gbs // data_parallel_ranks(cfg)[0], 1)
     notes.append(f"batch: {lhs} = train.global_batch_size × train.num_steps_per_rollout = {gbs} × {steps}"
                  f" (train.micro_batch_size={t.micro_batch_size})")
