@@ -1,12 +1,27 @@
-"""Validation of token-budget micro-batches (train.use_dynamic_batch_size, training/microbatch.py)."""
+"""Validation of token-budget micro-batches (train.use_dynamic_batch_size, training/microbatch.py) and of packed
+micro-batches (train.qkv_format, training/thd.py)."""
 
 from __future__ import annotations
 
 from slime_hydra.config.schema import RunConfig
 
 
+def check_packing(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
+    t = cfg.train
+    if t.qkv_format != "thd":
+        return
+    if t.backend == "megatron":
+        problems.append("train.qkv_format=thd with train.backend=megatron: the megatron backend's attention (SDPA, no "
+                        "Transformer Engine) runs padded rows only; set train.qkv_format=bshd, or train.backend=torch to pack")
+    elif cfg.model.model_impl == "transformers" and t.prefix_sharing:
+        t.prefix_sharing = False
+        notes.append("train.prefix_sharing turned off: with train.qkv_format=thd each sample runs its own prompt in the packed "
+                     "row (model.model_impl=native packs and shares prompts)")
+
+
 def check_microbatch(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
     t = cfg.train
+    check_packing(cfg, problems, notes)
     for key in ("max_tokens_per_gpu", "log_probs_max_tokens_per_gpu"):
         v = getattr(t, key)
         if v is not None and v < 1:
