@@ -16,6 +16,7 @@ from torch.testing import assert_close
 from slime_hydra.algorithms import losses as L
 from slime_hydra.app.preflight import compose_run, preflight
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
+from slime_hydra.config.validate import check
 from slime_hydra.errors import ConfigError
 from slime_hydra.training.thd import pack, unpack
 from tests import trainers
@@ -187,5 +188,78 @@ def problems_of(overrides: list[str]) -> list[str]:
 def test_validation_of_qkv_format():
     assert compose_run([]).train.qkv_format == "bshd"  # the default, once in the schema
     assert any("train.qkv_format='tnd' is not one of ['bshd', 'thd']" in p for p in problems_of(["train.qkv_format=tnd"]))
-    probs = problems_of(["train=megatron", "train.qkv_format=thd"])
-    assert any("train.qkv_format=thd with train.backend=megatron" in p and "set train.qkv_format=bshd" in p for p in probs), probs
+    probs = problems_of(["train=megatron", "train.qkv_format=thd", "parallelism.pipeline_model_parallel_size=2",
+                         "parallelism.sequence_parallel=true"])
+    assert any("train.qkv_format=thd with train.backend=megatron" in p and "parallelism.pipeline_model_parallel_size=2, "
+               "parallelism.sequence_parallel=true" in p and "set train.qkv_format=bshd" in p for p in probs), probs
+    cfg, probs, _ = check(compose_run(["train=megatron", "train.qkv_format=thd"]))
+    assert not any("qkv_format" in p for p in probs) and cfg.train.qkv_format == "thd"
+
+
+def test_thd_turns_prefix_sharing_off_under_transformers():
+    cfg = compose_run(["train.qkv_format=thd", "model.model_impl=transformers", "train.prefix_sharing=true"])  # validated
+    assert cfg.train.prefix_sharing is False
+    cfg.train.prefix_sharing = True
+    _, _, notes = check(cfg)
+    assert any("train.prefix_sharing turned off" in n and "train.qkv_format=thd" in n for n in notes), notes
+    assert compose_run(["model.model_impl=transformers", "train.prefix_sharing=true"]).train.prefix_sharing is True
+
+
+# -- the megatron backend on the CPU shim (float32) --------------------------------------------------
+def megatron_run(cfg, hf, qkv_format: str, algo: AlgorithmConfig, **train_kw) -> dict:
+    """One train_rollout of the 4 uneven rows (14, 10, 14, 11 tokens) and the log-probs before and after it."""
+    import dataclasses
+
+    from tests.test_microbatch import uneven_batch
+
+    train = dataclasses.replace(cfg.train, qkv_format=qkv_format, skip_zero_advantage_samples=False, **train_kw)
+    b = trainers.megatron_backend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, algo, train, 1.0, 10, CPU,
+                                  max_response_len=8, seed=cfg.seed)
+    b.freeze_reference()
+    batch = uneven_batch()
+    before = b.compute_log_probs(batch)
+    return {"before": before, "metrics": b.train_rollout(batch), "after": b.compute_log_probs(batch),
+            "micro_batches": [mb.idx.tolist() for mb in b._micro_batches(batch, torch.arange(4))]}
+
+
+def assert_megatron_same(padded: dict, packed: dict, tag: str, tol: float = 1e-5):
+    from tests.test_microbatch import uneven_batch
+
+    real = uneven_batch().attention_mask[:, 1:].bool()
+    for key in ("before", "after"):
+        assert_close(packed[key][real], padded[key][real], rtol=0, atol=tol, msg=lambda m: f"{tag} {key}: {m}")
+        assert (packed[key][~real] == 0).all()
+    assert padded["metrics"].keys() == packed["metrics"].keys()
+    for key, v in padded["metrics"].items():
+        assert abs(packed["metrics"][key] - v) <= tol * max(1.0, abs(v)), (tag, key, v, packed["metrics"][key])
+
+
+MEGATRON_CASES = {
+    "token_mean-kl_loss-entropy": dict(loss_aggregation="token_mean", use_kl_loss=True, kl_loss_coef=0.1, entropy_coef=0.01),
+    "seq_mean_token_sum": dict(loss_aggregation="seq_mean_token_sum"),
+    "seq_mean_token_sum_norm": dict(loss_aggregation="seq_mean_token_sum_norm", grpo_std_normalization=False),
+    "sample_token_mean-gspo": dict(advantage_estimator="gspo", eps_clip=3e-4, eps_clip_high=4e-4),
+}
+
+
+@pytest.mark.parametrize("case", list(MEGATRON_CASES))
+def test_megatron_packed_equals_padded(case):
+    """The tiny dense model, two steps of 2 rows: one micro-batch of both rows per step (packed: 13 + 9 tokens of rows
+    0, 1 in one stream; 13 + 10 of rows 2, 3), and the packed token budget 25 against padded micro-batches of 1. The
+    budget counts real tokens: each step's two rows, 14 + 10 = 24 and 14 + 11 = 25, train in one micro-batch; the
+    log-prob passes over all 4 rows: LPT from k = ceil(49 / 25) = 2, 14 (row 0) | 14 (row 2), 11 (row 3) joins the
+    tie's lower bin (25), 10 (row 1) the other (24): [0, 3] [1, 2]."""
+    from tests.megatron_cpu import shim, workers
+
+    shim.install()
+    cfg, _, hf = workers.tiny_setup(["train.micro_batch_size=2"])
+    algo = AlgorithmConfig(**MEGATRON_CASES[case])
+    padded = megatron_run(cfg, hf, "bshd", algo)
+    packed = megatron_run(cfg, hf, "thd", algo)
+    assert packed["micro_batches"] == [[0, 1], [2, 3]]
+    assert padded["metrics"]["train/grad_norm"] > 0 and padded["metrics"]["train/ppo_kl"] != 0  # step 2 read old log-probs
+    assert_megatron_same(padded, packed, case)
+    ones = megatron_run(cfg, hf, "bshd", algo, micro_batch_size=1)
+    budget = megatron_run(cfg, hf, "thd", algo, micro_batch_size=1, use_dynamic_batch_size=True, max_tokens_per_gpu=25)
+    assert budget["micro_batches"] == [[0, 3], [1, 2]] and ones["micro_batches"] == [[0], [1], [2], [3]]
+    assert_megatron_same(ones, budget, case)
