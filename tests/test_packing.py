@@ -263,3 +263,52 @@ def test_megatron_packed_equals_padded(case):
     budget = megatron_run(cfg, hf, "thd", algo, micro_batch_size=1, use_dynamic_batch_size=True, max_tokens_per_gpu=25)
     assert budget["micro_batches"] == [[0, 3], [1, 2]] and ones["micro_batches"] == [[0], [1], [2], [3]]
     assert_megatron_same(ones, budget, case)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "glm4"])
+def test_megatron_packed_equals_padded_moe_and_partial_rotary(family, tmp_path):
+    """qwen3_moe (routed experts: the packed stream has no padding tokens for the router) and glm4 (rotary on half of
+    each head, post norms): packed = padded."""
+    import dataclasses
+
+    from tests.megatron_cpu import shim, zoo
+
+    shim.install()
+    cfg, hf = zoo.build(family, tmp_path)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, num_steps_per_rollout=2, global_batch_size=2,
+                                                             micro_batch_size=2, lr=1e-3))
+    algo = AlgorithmConfig(loss_aggregation="token_mean")
+    assert_megatron_same(megatron_run(cfg, hf, "bshd", algo), megatron_run(cfg, hf, "thd", algo), family)
+
+
+def tp2_main(rank: int, port: int, out_dir: str) -> None:
+    import dataclasses
+    import os
+
+    from tests.megatron_cpu import shim, workers
+
+    shim.install()
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    cfg, _, hf = workers.tiny_setup(["train.micro_batch_size=2"])
+    cfg = dataclasses.replace(cfg, parallelism=dataclasses.replace(cfg.parallelism, tensor_model_parallel_size=2))
+    res = megatron_run(cfg, hf, "thd", AlgorithmConfig(**MEGATRON_CASES["token_mean-kl_loss-entropy"]))
+    torch.save(res, os.path.join(out_dir, f"tp2_rank{rank}.pt"))
+
+
+def test_megatron_packed_tp2_equals_padded_tp1(tmp_path):
+    """TP=2 (gloo, 2 processes; heads and the vocabulary split, no sequence parallelism), packed, against one process
+    padded: the same step."""
+    import socket
+
+    from tests.megatron_cpu import shim, workers
+
+    shim.install()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(tp2_main, args=(port, str(tmp_path)), nprocs=2, join=True)
+    cfg, _, hf = workers.tiny_setup(["train.micro_batch_size=2"])
+    single = megatron_run(cfg, hf, "bshd", AlgorithmConfig(**MEGATRON_CASES["token_mean-kl_loss-entropy"]))
+    for rank in (0, 1):
+        assert_megatron_same(single, torch.load(tmp_path / f"tp2_rank{rank}.pt"), f"tp2 rank {rank}", tol=1e-4)
