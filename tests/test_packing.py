@@ -18,7 +18,7 @@ from slime_hydra.app.preflight import compose_run, preflight
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.config.validate import check
 from slime_hydra.errors import ConfigError
-from slime_hydra.training.thd import pack, unpack
+from slime_hydra.training.thd import pack, thd_logits, unpack
 from tests import trainers
 from tests.test_algorithms_backend import CASES, CPU, MAX_LEN, base_model, make_batch
 
@@ -45,21 +45,22 @@ def test_pack_layout_by_hand():
 
 def packed_log_probs(model, ids, attn):
     p = pack(ids, attn)
-    logits = model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).logits[0]
-    return unpack(L.log_probs_from_logits(logits, p.targets), p)
+    return unpack(L.log_probs_from_logits(thd_logits(model, p), p.targets), p)
 
 
 @pytest.mark.parametrize("attn_impl", ["sdpa", "eager"])
 def test_packed_samples_attend_only_to_themselves(attn_impl):
-    """Each sample's packed log-probs equal the sample run alone (no padding, no neighbours), and changing one
-    sample's tokens leaves every other sample's log-probs bit-equal. Eager attention takes its softmax in float32
-    (transformers' eager_attention_forward), so there the sums over rows of other lengths round differently (~1e-8)."""
+    """Each sample's packed log-probs (thd_attention: one SDPA call per sample, whatever model.attn_implementation)
+    equal the sample run alone with the model's own attention, and changing one sample's tokens leaves every other
+    sample's log-probs bit-equal. Eager attention takes its softmax in float32 (transformers' eager_attention_forward):
+    ~1e-8 from SDPA's float64."""
     model = base_model()
     model.config._attn_implementation = attn_impl
     batch = make_batch()
     lengths = batch.attention_mask.sum(-1).tolist()
     with torch.no_grad():
         got = packed_log_probs(model, batch.input_ids, batch.attention_mask)
+        assert model.config._attn_implementation == attn_impl  # restored after the packed forward
         for i, n in enumerate(lengths):
             alone = L.log_probs_from_logits(model(input_ids=batch.input_ids[i : i + 1, :n]).logits[0, :-1],
                                             batch.input_ids[i, 1:n])
@@ -72,18 +73,21 @@ def test_packed_samples_attend_only_to_themselves(attn_impl):
         assert torch.equal(other[1:], got[1:]) and not torch.equal(other[0], got[0])
 
 
-def test_a_kv_cache_would_undo_the_packing():
-    """Why the backend passes use_cache=False: with the config's use_cache=true transformers makes a cache and then
-    does not read packing off the position ids, so samples see their neighbours (the sdpa mask is plain causal)."""
+def test_transformers_own_packing_agrees_but_needs_no_cache():
+    """transformers reads packing off restarting position ids (masking_utils.find_packed_sequence_indices) and builds a
+    dense [S, S] block mask: the same logits as thd_attention. Only without a KV cache: with the config's
+    use_cache=true it makes one and the mask stays plain causal, so samples see their neighbours."""
     model = base_model()
     batch = make_batch()
     p = pack(batch.input_ids, batch.attention_mask)
     with torch.no_grad():
+        ours = thd_logits(model, p)
+        theirs = model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).logits[0]
         leaky = model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=True).logits[0]
-        tight = model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).logits[0]
+    assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
     first = int(p.cu_seqlens[1])
-    assert torch.equal(leaky[:first], tight[:first])  # the first sample has no neighbour before it
-    assert (leaky[first:] - tight[first:]).abs().max() > 1e-3
+    assert torch.equal(leaky[:first], theirs[:first])  # the first sample has no neighbour before it
+    assert (leaky[first:] - theirs[first:]).abs().max() > 1e-3
 
 
 # -- the backend: packed = padded -----------------------------------------------------------------

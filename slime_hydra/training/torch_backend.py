@@ -31,7 +31,7 @@ from slime_hydra.training.policy_loss import old_log_probs, policy_loss
 from slime_hydra.training.prefix import shared_prefix_logits
 from slime_hydra.training.schedule import lr_multiplier
 from slime_hydra.training.specs import BatchSpec, CriticSpec, LossSpec, OptimSpec
-from slime_hydra.training.thd import pack, unpack
+from slime_hydra.training.thd import pack, thd_logits, unpack
 
 
 class TorchTrainBackend:
@@ -85,9 +85,7 @@ class TorchTrainBackend:
         temperature = self.temperature if temperature is None else temperature
         if self.batch.qkv_format == "thd" and self.model_impl != "native":
             p = pack(mb.input_ids.to(self.device), mb.attention_mask.to(self.device))
-            # no attention mask and no KV cache: only then does transformers read the packing off the position ids
-            # (with the config's use_cache=true it makes a cache and the mask stays plain causal across samples)
-            logits = model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).logits[0]  # [S, V]
+            logits = thd_logits(model, p)  # [S, V]
             targets, back = p.targets, lambda x: unpack(x, p)
         else:
             logits = self._logits(model, mb)  # [n, T, V]
