@@ -23,7 +23,6 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from transformers import AttentionInterface
 
 THD_ATTENTION = "slime_hydra_thd"  # the name thd_attention is registered under in transformers' attention functions
 
@@ -94,6 +93,8 @@ def thd_logits(model: torch.nn.Module, p: Packed) -> Tensor:
 
     The attention mask is given as transformers' per-layer-type mapping of None (no [S, S] mask is built) and no KV
     cache is made; cu_seq_lens_q reaches thd_attention through the model's attention kwargs."""
+    from transformers import AttentionInterface  # here, as elsewhere in the package: transformers is slow to import
+
     AttentionInterface.register(THD_ATTENTION, thd_attention)  # idempotent: a name of our own in the global registry
     with _attention(model, THD_ATTENTION):
         return model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False,
