@@ -20,7 +20,7 @@ from slime_hydra.config.validate import check
 from slime_hydra.errors import ConfigError
 from slime_hydra.training.thd import pack, thd_logits, unpack
 from tests import trainers
-from tests.test_algorithms_backend import CASES, CPU, MAX_LEN, base_model, make_batch
+from tests.test_algorithms_backend import CASES, CPU, MAX_LEN, TOK, base_model, make_batch, samples
 
 torch.set_num_threads(1)
 
@@ -316,3 +316,19 @@ def test_megatron_packed_tp2_equals_padded_tp1(tmp_path):
     single = megatron_run(cfg, hf, "bshd", AlgorithmConfig(**MEGATRON_CASES["token_mean-kl_loss-entropy"]))
     for rank in (0, 1):
         assert_megatron_same(single, torch.load(tmp_path / f"tp2_rank{rank}.pt"), f"tp2 rank {rank}", tol=1e-4)
+
+
+def test_packed_critic_equals_padded():
+    """ppo: the critic's values and value loss over packed micro-batches (and its real-token budget) = padded, two
+    rollouts (the second's values and advantages come from the trained critics)."""
+    algo = AlgorithmConfig(advantage_estimator="ppo", normalize_advantages=True)
+    padded = backend(algo, "bshd", micro_batch_size=8, critic_lr=1e-2)
+    packed = backend(algo, "thd", micro_batch_size=1, critic_lr=1e-2, use_dynamic_batch_size=True, max_tokens_per_gpu=24)
+    for _ in range(2):
+        m_pad = padded.train_rollout(trainers.algo_advantages(samples(), algo, 2, TOK.pad_token_id, padded))
+        m_pack = packed.train_rollout(trainers.algo_advantages(samples(), algo, 2, TOK.pad_token_id, packed))
+        for key in ("train/value_loss", "train/value_grad_norm", "train/values_mean", "train/pg_loss", "train/grad_norm"):
+            assert abs(m_pad[key] - m_pack[key]) <= 1e-9 * max(1.0, abs(m_pad[key])), (key, m_pad[key], m_pack[key])
+    assert m_pad["train/values_mean"] != 0  # the critic trained
+    for p, q in zip(padded.critic.model.parameters(), packed.critic.model.parameters()):
+        assert_close(q, p, rtol=1e-9, atol=1e-12)

@@ -89,7 +89,12 @@ def _attention(model: torch.nn.Module, name: str) -> Iterator[None]:
 
 
 def thd_logits(model: torch.nn.Module, p: Packed) -> Tensor:
-    """[S, V] logits of a transformers causal LM over the packed stream, each sample attending to itself only.
+    """[S, V] logits of a transformers causal LM over the packed stream, each sample attending to itself only."""
+    return thd_forward(model, p).logits[0]
+
+
+def thd_forward(model: torch.nn.Module, p: Packed):
+    """A transformers model (causal LM or its decoder body) over the packed stream: its output, batch of 1.
 
     The attention mask is given as transformers' per-layer-type mapping of None (no [S, S] mask is built) and no KV
     cache is made; cu_seq_lens_q reaches thd_attention through the model's attention kwargs."""
@@ -100,4 +105,4 @@ def thd_logits(model: torch.nn.Module, p: Packed) -> Tensor:
         return model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False,
                      attention_mask={"full_attention": None, "sliding_attention": None},
                      cu_seq_lens_q=p.cu_seqlens, cu_seq_lens_k=p.cu_seqlens, max_length_q=p.max_seqlen,
-                     max_length_k=p.max_seqlen).logits[0]
+                     max_length_k=p.max_seqlen)
