@@ -7,7 +7,9 @@ and megatron is told to sum, not average (calculate_per_token_loss, gradients su
 division by the micro-batch count), so a step's gradient equals the torch backend's for any
 TP/PP/DP layout. The micro-batch loss is the torch backend's (training/policy_loss.py: PPO-clip /
 GSPO / CISPO, TIS, KL loss, entropy, aggregation); only the log-probs differ in how they are
-computed (vocab-parallel, chunked: logprobs.py).
+computed (vocab-parallel, chunked: logprobs.py). With train.qkv_format=thd a micro-batch runs as one packed row
+(training/thd.py; PackedSeqParams, megatron's unfused THD rotary, model.SDPAttention one causal call per sample) and its
+log-probs return to the padded layout before the same loss.
 Checkpoints: `save_checkpoint` / `load_checkpoint` write and read megatron's distributed format
 (checkpoint.py; any TP/PP layout); the engine's save/load go through them (TrainBackend.save_checkpoint:
 `<ckpt>/megatron/` beside the HF weights; state_dict is None: nothing of the trainer in state.pt).
