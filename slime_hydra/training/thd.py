@@ -64,16 +64,20 @@ def unpack(x: Tensor, p: Packed) -> Tensor:
 
 
 def thd_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, dropout: float = 0.0,
-                  scaling=None, cu_seq_lens_q: Tensor = None, **_kw) -> tuple[Tensor, None]:
+                  scaling=None, cu_seq_lens_q: Tensor = None, **kwargs) -> tuple[Tensor, None]:
     """A transformers attention function: query [1, heads, S, dim], key/value [1, kv_heads, S, dim] of packed samples
     -> ([1, S, heads, dim], None), causal attention within each sample of cu_seq_lens_q."""
     if cu_seq_lens_q is None:
         raise ValueError("thd_attention runs packed micro-batches only (training/thd.py thd_logits)")
+    unsupported = [k for k in ("sliding_window", "softcap", "s_aux") if kwargs.get(k) is not None]
+    if unsupported:  # plain causal attention only: say so rather than drop a model's attention variant
+        raise NotImplementedError(f"train.qkv_format=thd: the packed attention has no {unsupported}; use train.qkv_format=bshd")
     bounds = cu_seq_lens_q.tolist()
     gqa = query.shape[1] != key.shape[1]
-    out = torch.cat([F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True,
-                                                    dropout_p=dropout, scale=scaling, enable_gqa=gqa)
-                     for a, b in zip(bounds[:-1], bounds[1:]) if b > a], dim=2)  # [1, heads, S, dim]
+    parts = [F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True,
+                                            dropout_p=dropout, scale=scaling, enable_gqa=gqa)
+             for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    out = torch.cat(parts, dim=2) if parts else query  # [1, heads, S, dim]
     return out.transpose(1, 2).contiguous(), None
 
 
