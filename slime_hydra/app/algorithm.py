@@ -77,7 +77,8 @@ def batch_spec(t: TrainConfig) -> BatchSpec:
     max_tokens, log_probs_max_tokens = budgets(t.use_dynamic_batch_size, t.max_tokens_per_gpu, t.log_probs_max_tokens_per_gpu)
     return BatchSpec(num_steps_per_rollout=t.num_steps_per_rollout, micro_batch_size=t.micro_batch_size,
                      skip_zero_advantage_samples=t.skip_zero_advantage_samples, prefix_sharing=t.prefix_sharing,
-                     max_tokens_per_gpu=max_tokens, log_probs_max_tokens_per_gpu=log_probs_max_tokens)
+                     max_tokens_per_gpu=max_tokens, log_probs_max_tokens_per_gpu=log_probs_max_tokens,
+                     qkv_format=t.qkv_format)
 
 
 def critic_spec(a: AlgorithmConfig, t: TrainConfig, total_steps: int) -> Optional[CriticSpec]:

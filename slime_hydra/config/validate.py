@@ -32,6 +32,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.backend": ("torch", "megatron"),
     "train.lr_decay_style": ("constant", "linear", "cosine"),
     "train.adam_impl": ("fused", "foreach", "for_loop"),
+    "train.qkv_format": ("bshd", "thd"),
     "logger.tracker": ("mlflow", "tensorboard", "none"),
     "model.dtype": ("float32", "bfloat16", "float16", "float64"),  # float64: exactness tests on CPU
     "model.attn_implementation": ("sdpa", "eager"),

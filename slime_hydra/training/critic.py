@@ -24,6 +24,7 @@ from slime_hydra.training.microbatch import micro_batch_indices
 from slime_hydra.training.optim import adamw
 from slime_hydra.training.schedule import lr_multiplier
 from slime_hydra.training.specs import BatchSpec, CriticSpec, LossSpec
+from slime_hydra.training.thd import Packed, pack, thd_forward, unpack
 
 
 class ValueModel(nn.Module):
@@ -39,6 +40,10 @@ class ValueModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [n, T+1, H]
         return self.value_head(hidden).squeeze(-1)[:, :-1]  # [n, T]
+
+    def packed(self, p: Packed) -> torch.Tensor:
+        """[S] values of a packed micro-batch (train.qkv_format=thd, training/thd.py)."""
+        return self.value_head(thd_forward(self.body, p).last_hidden_state[0]).squeeze(-1)
 
 
 class TorchCritic:
@@ -58,10 +63,19 @@ class TorchCritic:
         self.model.body.load_state_dict(getattr(policy, policy.base_model_prefix).state_dict())
 
     def _micro_batches(self, batch: TrainBatch, idx: torch.Tensor, forward_only: bool) -> list[torch.Tensor]:
-        """Rows `idx` by micro_batch_size or by the token budget (padded tokens: the HF body pads)."""
+        """Rows `idx` by micro_batch_size or by the token budget (padded tokens: the HF body pads unless packed)."""
         b = self.batch
         return micro_batch_indices(idx, batch.attention_mask.sum(-1), b.micro_batch_size,
-                                   b.log_probs_max_tokens_per_gpu if forward_only else b.max_tokens_per_gpu, padded=True)
+                                   b.log_probs_max_tokens_per_gpu if forward_only else b.max_tokens_per_gpu,
+                                   padded=b.qkv_format != "thd")
+
+    def _values(self, mb: TrainBatch) -> torch.Tensor:
+        """[n, T] values of a micro-batch; packed into one row with train.qkv_format=thd (0 past each row's end)."""
+        ids, attn = mb.input_ids.to(self.device), mb.attention_mask.to(self.device)
+        if self.batch.qkv_format == "thd":
+            p = pack(ids, attn)
+            return unpack(self.model.packed(p), p)
+        return self.model(ids, attn)
 
     @torch.no_grad()
     def values(self, batch: TrainBatch) -> torch.Tensor:
@@ -69,7 +83,7 @@ class TorchCritic:
         out = torch.zeros_like(batch.loss_mask)
         for rows in self._micro_batches(batch, torch.arange(batch.num_samples), forward_only=True):
             mb = batch.select(rows)
-            v = self.model(mb.input_ids.to(self.device), mb.attention_mask.to(self.device))
+            v = self._values(mb)
             out[rows, : v.shape[1]] = v.float().cpu()
         return out * batch.loss_mask
 
@@ -91,7 +105,7 @@ class TorchCritic:
             for mb_idx in self._micro_batches(batch, idx, forward_only=False):
                 mb = batch.select(mb_idx)
                 mask = mb.loss_mask.to(self.device)
-                v = self.model(mb.input_ids.to(self.device), mb.attention_mask.to(self.device))  # [n, T]
+                v = self._values(mb)  # [n, T]
                 loss_tok, clipped = value_loss(v, mb.values.to(self.device, v.dtype), mb.returns.to(self.device, v.dtype),
                                                self.spec.value_clip)
                 loss = 0.5 * L.aggregate(loss_tok, mask, mode, denom)  # 0.5 x squared error: dL/dV = V - G

@@ -76,6 +76,7 @@ class BatchSpec:
     # reference, values); None: micro-batches of micro_batch_size samples
     max_tokens_per_gpu: Optional[int]
     log_probs_max_tokens_per_gpu: Optional[int]
+    qkv_format: str  # train.qkv_format: bshd (padded rows) | thd (a micro-batch packed into one row, training/thd.py)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from slime_hydra.training.policy_loss import old_log_probs, policy_loss
 from slime_hydra.training.prefix import shared_prefix_logits
 from slime_hydra.training.schedule import lr_multiplier
 from slime_hydra.training.specs import BatchSpec, CriticSpec, LossSpec, OptimSpec
+from slime_hydra.training.thd import pack, thd_logits, unpack
 
 
 class TorchTrainBackend:
@@ -42,6 +43,8 @@ class TorchTrainBackend:
         self.loss, self.optim, self.batch = loss, optim, batch
         self.temperature = temperature
         self.model_impl = model_impl  # transformers | native (training/packed.py)
+        # train.qkv_format=thd (training/thd.py); the native forward packs whatever the format
+        self.packs = model_impl == "native" or batch.qkv_format == "thd"
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = adamw(self.params, optim.adam_impl, lr=optim.lr, betas=(optim.adam_beta1, optim.adam_beta2),
                                eps=optim.adam_eps, weight_decay=optim.weight_decay)
@@ -68,11 +71,29 @@ class TorchTrainBackend:
     # -- forward -----------------------------------------------------------------------------
     def _micro_batches(self, batch: TrainBatch, idx: torch.Tensor, forward_only: bool = False) -> list[torch.Tensor]:
         """Rows `idx` of `batch` split into micro-batches (index tensors): by micro_batch_size, or by the token
-        budget, costed as padded tokens unless the native forward packs them."""
+        budget, costed as padded tokens unless the forward packs them (thd, or the native forward)."""
         b = self.batch
         return micro_batch_indices(idx, batch.attention_mask.sum(-1), b.micro_batch_size,
                                    b.log_probs_max_tokens_per_gpu if forward_only else b.max_tokens_per_gpu,
-                                   padded=self.model_impl != "native")
+                                   padded=not self.packs)
+
+    def _log_probs(self, model: torch.nn.Module, mb: TrainBatch, entropy: str = "", temperature: Optional[float] = None):
+        """([n, T] log-probs of the targets, [n, T] entropy or None); entropy: "" (none) | detached | grad.
+
+        train.qkv_format=thd under transformers: the micro-batch runs as one packed row (training/thd.py), the
+        log-probs and entropy are taken per packed token and put back in the padded layout (0 past a row's end)."""
+        temperature = self.temperature if temperature is None else temperature
+        if self.batch.qkv_format == "thd" and self.model_impl != "native":
+            p = pack(mb.input_ids.to(self.device), mb.attention_mask.to(self.device))
+            logits = thd_logits(model, p)  # [S, V]
+            targets, back = p.targets, lambda x: unpack(x, p)
+        else:
+            logits = self._logits(model, mb)  # [n, T, V]
+            targets, back = mb.input_ids[:, 1:].to(self.device), lambda x: x
+        logp = back(L.log_probs_from_logits(logits, targets, temperature))
+        if not entropy:
+            return logp, None
+        return logp, back(L.entropy_from_logits(logits if entropy == "grad" else logits.detach(), temperature))
 
     def _logits(self, model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
         """[n, T, V]; exact on the loss mask (train.prefix_sharing runs each distinct prompt once)."""
@@ -89,8 +110,7 @@ class TorchTrainBackend:
         model = model or self.model
         out = torch.zeros_like(batch.loss_mask)
         for rows in self._micro_batches(batch, torch.arange(batch.num_samples), forward_only=True):
-            mb = batch.select(rows)
-            lp = L.log_probs_from_logits(self._logits(model, mb), mb.input_ids[:, 1:].to(self.device), self.temperature)
+            lp, _ = self._log_probs(model, batch.select(rows))
             out[rows, : lp.shape[1]] = lp.float().cpu()
         return out
 
@@ -161,16 +181,13 @@ class TorchTrainBackend:
         """One micro-batch: (loss, scalar terms, per-token metrics, mask). Scalars sum exactly over micro-batches."""
         spec = self.loss
         mask, adv = mb.loss_mask.to(self.device), mb.advantages.to(self.device)
-        logits = self._logits(self.model, mb)
-        targets = mb.input_ids[:, 1:].to(self.device)
-        logp = L.log_probs_from_logits(logits, targets, self.temperature)  # [n, T]
-        ent = L.entropy_from_logits(logits if spec.entropy_coef else logits.detach(), self.temperature)  # [n, T]
+        logp, ent = self._log_probs(self.model, mb, "grad" if spec.entropy_coef else "detached")  # [n, T] x2
         rollout_lp = mb.rollout_log_probs.to(self.device) if mb.rollout_log_probs is not None else None
         old = old_log_probs(spec, logp, rollout_lp, None if old_all is None else old_all[mb_idx])  # [n, T]
 
         def ref_logp():
             with torch.no_grad():
-                return L.log_probs_from_logits(self._logits(self.ref_model, mb), targets, self.temperature)
+                return self._log_probs(self.ref_model, mb)[0]
 
         loss, scalars, per_token = policy_loss(spec, logp, ent, old, adv, mask, rollout_lp, ref_logp, denom)
         return loss, scalars, per_token, mask
@@ -201,7 +218,7 @@ class TorchTrainBackend:
         total = 0.0
         for rows in self._micro_batches(batch, torch.arange(batch.num_samples)):
             mb = batch.select(rows)
-            logp = L.log_probs_from_logits(self._logits(self.model, mb), mb.input_ids[:, 1:].to(self.device))
+            logp, _ = self._log_probs(self.model, mb, temperature=1.0)
             loss = L.aggregate(L.sft_token_loss(logp), mb.loss_mask.to(self.device), mode, denom)
             loss.backward()
             total += loss.item()

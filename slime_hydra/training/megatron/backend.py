@@ -7,7 +7,9 @@ and megatron is told to sum, not average (calculate_per_token_loss, gradients su
 division by the micro-batch count), so a step's gradient equals the torch backend's for any
 TP/PP/DP layout. The micro-batch loss is the torch backend's (training/policy_loss.py: PPO-clip /
 GSPO / CISPO, TIS, KL loss, entropy, aggregation); only the log-probs differ in how they are
-computed (vocab-parallel, chunked: logprobs.py).
+computed (vocab-parallel, chunked: logprobs.py). With train.qkv_format=thd a micro-batch runs as one packed row
+(training/thd.py; PackedSeqParams, megatron's unfused THD rotary, model.SDPAttention one causal call per sample) and its
+log-probs return to the padded layout before the same loss.
 Checkpoints: `save_checkpoint` / `load_checkpoint` write and read megatron's distributed format
 (checkpoint.py; any TP/PP layout); the engine's save/load go through them (TrainBackend.save_checkpoint:
 `<ckpt>/megatron/` beside the HF weights; state_dict is None: nothing of the trainer in state.pt).
@@ -28,6 +30,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state as ps
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from slime_hydra.algorithms import losses as L
@@ -43,6 +46,7 @@ from slime_hydra.training.optim import adam_flags
 from slime_hydra.training.policy_loss import old_log_probs, policy_loss
 from slime_hydra.training.schedule import lr_multiplier
 from slime_hydra.training.specs import BatchSpec, LossSpec, OptimSpec
+from slime_hydra.training.thd import Packed, pack, unpack
 
 
 class MegatronTrainBackend:
@@ -63,6 +67,9 @@ class MegatronTrainBackend:
         self.vocab = hf_config.vocab_size
         self.config = transformer_config(model, parallel)
         self.sdpa = sdpa
+        # train.qkv_format=thd: each micro-batch runs as one packed row (PackedSeqParams, model.SDPAttention._thd); TP
+        # without sequence parallelism, PP=1, CP=1 (config/validate_microbatch.py)
+        self.thd = batch.qkv_format == "thd"
         gpt = self._new_gpt()
         if hf_weights is not None:  # None: keep megatron's random initialisation (benchmarks)
             self._load(gpt, hf_weights)
@@ -136,6 +143,9 @@ class MegatronTrainBackend:
 
         def step(data_iter, chunk):
             mb = next(data_iter)
+            if self.thd:
+                mb.packed = pack(mb.input_ids.to(self.device), mb.attention_mask.to(self.device))
+                return self._forward_packed(chunk, mb.packed), partial(loss_fn, mb)
             ids = mb.input_ids.to(self.device)
             width = t or self._pad_len(ids.shape[1])
             if width > ids.shape[1]:
@@ -144,12 +154,27 @@ class MegatronTrainBackend:
             out = chunk(input_ids=ids, position_ids=pos, attention_mask=None)
             return out, partial(loss_fn, mb)
 
+        seq_length = t or max(mb.input_ids.shape[1] for mb in mbs)
+        if self.thd:  # one row per micro-batch of up to all its rows' tokens (PP=1: no fixed-shape exchange)
+            seq_length = max(int(mb.attention_mask.sum()) for mb in mbs)
         return get_forward_backward_func()(
             forward_step_func=step, data_iterator=iter(mbs), model=[model], num_microbatches=len(mbs),
-            seq_length=t or max(mb.input_ids.shape[1] for mb in mbs), micro_batch_size=mbs[0].num_samples,
+            seq_length=seq_length, micro_batch_size=1 if self.thd else mbs[0].num_samples,
             forward_only=forward_only) or []
 
+    def _forward_packed(self, model, p: Packed) -> torch.Tensor:
+        """[1, S, V_pad/tp] logits of a packed micro-batch: THD, position ids and rotary restarting per sample."""
+        cu = p.cu_seqlens
+        params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=p.max_seqlen,
+                                 max_seqlen_kv=p.max_seqlen)
+        return model(input_ids=p.input_ids, position_ids=p.position_ids, attention_mask=None, packed_seq_params=params)
+
     def _logp(self, mb: TrainBatch, logits: torch.Tensor, with_entropy: bool):
+        if self.thd:  # [1, S, V] over the packed tokens -> [n, T] (0 past each row's end)
+            p = mb.packed
+            lp, ent = vocab_parallel_logprobs(logits, p.targets[None], self.vocab, self.temperature, with_entropy,
+                                              self.mg.log_probs_chunk_size, self.mg.compile_log_probs)
+            return unpack(lp[0], p), unpack(ent[0], p)
         T = mb.loss_mask.shape[1]
         targets = mb.input_ids[:, 1:].to(self.device)
         mg = self.mg
@@ -158,10 +183,11 @@ class MegatronTrainBackend:
 
     def _micro_batches(self, batch: TrainBatch, idx: torch.Tensor, forward_only: bool = False) -> list[TrainBatch]:
         """Rows `idx` by micro_batch_size or by the token budget (padded tokens: each micro-batch runs padded to its
-        longest); `mb.idx` holds each micro-batch's rows of `batch`."""
+        longest; real tokens when packed); `mb.idx` holds each micro-batch's rows of `batch`."""
         b = self.batch
         groups = micro_batch_indices(idx, batch.attention_mask.sum(-1), b.micro_batch_size,
-                                     b.log_probs_max_tokens_per_gpu if forward_only else b.max_tokens_per_gpu, padded=True)
+                                     b.log_probs_max_tokens_per_gpu if forward_only else b.max_tokens_per_gpu,
+                                     padded=not self.thd)
         mbs = [batch.select(rows) for rows in groups]
         for mb, rows in zip(mbs, groups):
             mb.idx = rows
@@ -279,6 +305,8 @@ class MegatronTrainBackend:
         if ps.get_pipeline_model_parallel_world_size() > 1:
             raise NotImplementedError("algorithm.use_kl_loss with pipeline_model_parallel_size>1 is not supported yet")
         with torch.no_grad():
+            if self.thd:
+                return self._logp(mb, self._forward_packed(self.ref, mb.packed), False)[0]
             ids = mb.input_ids.to(self.device)
             w = self._pad_len(ids.shape[1])
             ids = torch.nn.functional.pad(ids, (0, w - ids.shape[1]))

@@ -4,7 +4,7 @@ The layer spec is megatron's local (Transformer-Engine-free) spec with the core 
 replaced by torch's fused scaled_dot_product_attention (flash / cuDNN / memory-efficient kernels
 on Hopper; the math kernel on CPU) instead of megatron's unfused baddbmm + softmax. Sequences are
 right-padded and attention is causal, so real tokens never attend to padding and no mask tensor
-is needed.
+is needed; packed samples (train.qkv_format=thd, PackedSeqParams) run one causal SDPA call each.
 """
 
 from __future__ import annotations
@@ -40,12 +40,28 @@ class SDPAttention(DotProductAttention):
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
-        assert packed_seq_params is None and attention_bias is None, "SDPAttention takes neither packed sequences nor a bias"
+        assert attention_bias is None, "SDPAttention takes no bias"
+        if packed_seq_params is not None:
+            return self._thd(query, key, value, packed_seq_params)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, dim]
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
                                              dropout_p=self.config.attention_dropout if self.training else 0.0,
                                              enable_gqa=q.shape[1] != k.shape[1])
         return out.permute(2, 0, 1, 3).reshape(out.shape[2], out.shape[0], -1)  # [s, b, heads*dim]
+
+    def _thd(self, query, key, value, packed_seq_params):
+        """Packed samples (train.qkv_format=thd): [t, heads, dim] in (megatron squeezed the batch of 1), [t, heads*dim]
+        out; causal attention within each sample of cu_seqlens, one SDPA call per sample (flash on the GPU, no [t, t]
+        mask; megatron's own varlen kernel is Transformer Engine's)."""
+        assert packed_seq_params.qkv_format == "thd", packed_seq_params.qkv_format
+        bounds = packed_seq_params.cu_seqlens_q.tolist()
+        q, k, v = (t.transpose(0, 1) for t in (query, key, value))  # [heads, t, dim]
+        dropout = self.config.attention_dropout if self.training else 0.0
+        out = torch.cat([F.scaled_dot_product_attention(q[None, :, a:b], k[None, :, a:b], v[None, :, a:b], is_causal=True,
+                                                        scale=self.softmax_scale, dropout_p=dropout,
+                                                        enable_gqa=q.shape[0] != k.shape[0])[0]
+                         for a, b in zip(bounds[:-1], bounds[1:]) if b > a], dim=1)  # [heads, t, dim]
+        return out.transpose(0, 1).reshape(out.shape[1], -1)
 
 
 def _norm(config: TransformerConfig):

@@ -1,0 +1,112 @@
+"""`train.qkv_format=thd`: a micro-batch's samples packed into one token stream, no padding (megatron's THD layout).
+
+A right-padded micro-batch (ids/attention [n, T+1], training/batch.py) becomes one row of S = sum(L_i - 1)
+tokens: each sample's tokens but its last (which predicts nothing), one after the other; position_ids restart
+at 0 per sample, and `cu_seqlens` [n+1] (int32) bounds the samples. Attention stays inside each sample
+(block-diagonal causal). For a transformers model `thd_logits` runs the model's attention layers through
+`thd_attention`: one causal SDPA call per sample of cu_seqlens (flash / memory-efficient kernels on the GPU,
+no [S, S] mask anywhere), whatever model.attn_implementation says. (transformers would also build that mask
+itself from the restarting position ids, masking_utils.find_packed_sequence_indices, when given no attention
+mask and no KV cache; but as a dense [S, S] mask, which sdpa then computes in full: quadratic in the packed
+length, slower than padding on the CPU bench; tests/test_packing.py checks both agree.) megatron gets
+PackedSeqParams(qkv_format="thd") from the same cu_seqlens (training/megatron/model.py).
+Packed token j of sample i (at offset j of it) predicts the sample's token j+1, so per-token outputs come
+back to the padded [n, T] layout with `unpack` (0 past each sample's end), where the losses run unchanged.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+THD_ATTENTION = "slime_hydra_thd"  # the name thd_attention is registered under in transformers' attention functions
+
+
+@dataclass
+class Packed:
+    input_ids: Tensor  # [1, S]
+    position_ids: Tensor  # [1, S]
+    targets: Tensor  # [S]: the token each packed token predicts
+    cu_seqlens: Tensor  # [n + 1] int32: sample i is packed tokens cu_seqlens[i]:cu_seqlens[i+1]
+    index: Tensor  # [n, T]: the packed token of each (sample, target position); S (the padding slot) past the end
+    max_seqlen: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[1]
+
+
+def pack(ids: Tensor, attn: Tensor) -> Packed:
+    """ids, attn [n, T+1] right-padded -> the packed stream of every sample's first L_i - 1 tokens."""
+    n, t1 = ids.shape
+    lengths = (attn.sum(-1) - 1).clamp(min=0).cpu()  # [n] tokens each sample puts in the stream
+    keep = torch.arange(t1 - 1)[None] < lengths[:, None]  # [n, T]
+    cu = torch.zeros(n + 1, dtype=torch.int32)
+    cu[1:] = lengths.cumsum(0)
+    s = int(cu[-1])
+    pos = torch.arange(t1 - 1).expand(n, -1)  # [n, T]
+    index = torch.where(keep, cu[:-1, None].long() + pos, s)  # [n, T]
+    keep_d = keep.to(ids.device)
+    return Packed(input_ids=ids[:, :-1][keep_d][None], position_ids=pos.to(ids.device)[keep_d][None],
+                  targets=ids[:, 1:][keep_d], cu_seqlens=cu.to(ids.device), index=index.to(ids.device),
+                  max_seqlen=int(lengths.max()) if n else 0)
+
+
+def unpack(x: Tensor, p: Packed) -> Tensor:
+    """x [S, ...] per packed token -> [n, T, ...] in the padded layout, zeros past each sample's end."""
+    padded = torch.cat([x, x.new_zeros(1, *x.shape[1:])])  # [S + 1, ...]: row S is the padding slot
+    return padded[p.index]
+
+
+def thd_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, dropout: float = 0.0,
+                  scaling=None, cu_seq_lens_q: Tensor = None, **kwargs) -> tuple[Tensor, None]:
+    """A transformers attention function: query [1, heads, S, dim], key/value [1, kv_heads, S, dim] of packed samples
+    -> ([1, S, heads, dim], None), causal attention within each sample of cu_seq_lens_q."""
+    if cu_seq_lens_q is None:
+        raise ValueError("thd_attention runs packed micro-batches only (training/thd.py thd_logits)")
+    unsupported = [k for k in ("sliding_window", "softcap", "s_aux") if kwargs.get(k) is not None]
+    if unsupported:  # plain causal attention only: say so rather than drop a model's attention variant
+        raise NotImplementedError(f"train.qkv_format=thd: the packed attention has no {unsupported}; use train.qkv_format=bshd")
+    bounds = cu_seq_lens_q.tolist()
+    gqa = query.shape[1] != key.shape[1]
+    parts = [F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True,
+                                            dropout_p=dropout, scale=scaling, enable_gqa=gqa)
+             for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    out = torch.cat(parts, dim=2) if parts else query  # [1, heads, S, dim]
+    return out.transpose(1, 2).contiguous(), None
+
+
+@contextmanager
+def _attention(model: torch.nn.Module, name: str) -> Iterator[None]:
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = name  # read by every attention layer at each forward
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+def thd_logits(model: torch.nn.Module, p: Packed) -> Tensor:
+    """[S, V] logits of a transformers causal LM over the packed stream, each sample attending to itself only."""
+    return thd_forward(model, p).logits[0]
+
+
+def thd_forward(model: torch.nn.Module, p: Packed):
+    """A transformers model (causal LM or its decoder body) over the packed stream: its output, batch of 1.
+
+    The attention mask is given as transformers' per-layer-type mapping of None (no [S, S] mask is built) and no KV
+    cache is made; cu_seq_lens_q reaches thd_attention through the model's attention kwargs."""
+    from transformers import AttentionInterface  # here, as elsewhere in the package: transformers is slow to import
+
+    AttentionInterface.register(THD_ATTENTION, thd_attention)  # idempotent: a name of our own in the global registry
+    with _attention(model, THD_ATTENTION):
+        return model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False,
+                     attention_mask={"full_attention": None, "sliding_attention": None},
+                     cu_seq_lens_q=p.cu_seqlens, cu_seq_lens_k=p.cu_seqlens, max_length_q=p.max_seqlen,
+                     max_length_k=p.max_seqlen)
