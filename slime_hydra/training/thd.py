@@ -8,7 +8,7 @@ at 0 per sample, and `cu_seqlens` [n+1] (int32) bounds the samples. Attention st
 no [S, S] mask anywhere), whatever model.attn_implementation says. (transformers would also build that mask
 itself from the restarting position ids, masking_utils.find_packed_sequence_indices, when given no attention
 mask and no KV cache; but as a dense [S, S] mask, which sdpa then computes in full: quadratic in the packed
-length, slower than padding on the CPU bench; tests/test_packing.py checks both agree.) megatron gets
+length, slower than padding on the CPU bench; tests/training/test_packing.py checks both agree.) megatron gets
 PackedSeqParams(qkv_format="thd") from the same cu_seqlens (training/megatron/model.py).
 Packed token j of sample i (at offset j of it) predicts the sample's token j+1, so per-token outputs come
 back to the padded [n, T] layout with `unpack` (0 past each sample's end), where the losses run unchanged.

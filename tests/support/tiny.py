@@ -69,3 +69,18 @@ def random_batch(n: int, t: int, vocab: int, seed: int) -> TrainBatch:
         mask[i, 2:L] = 1.0  # first 2 tokens are the prompt
     adv = torch.randn(n, generator=g)[:, None] * mask
     return TrainBatch(ids, attn, mask, adv)
+
+
+# the loss / aggregation cases every backend test runs (AlgorithmConfig overrides)
+CASES = {
+    "grpo-sample_token_mean": dict(),
+    "grpo-token_mean": dict(loss_aggregation="token_mean"),
+    "grpo-seq_mean_token_sum": dict(loss_aggregation="seq_mean_token_sum"),
+    "dr_grpo-seq_mean_token_sum_norm": dict(loss_aggregation="seq_mean_token_sum_norm", grpo_std_normalization=False),
+    "gspo": dict(advantage_estimator="gspo", eps_clip=3e-4, eps_clip_high=4e-4),
+    "cispo-token_mean": dict(advantage_estimator="cispo", eps_clip=1.0, eps_clip_high=4.0, loss_aggregation="token_mean"),
+    "tis-seq_mean_token_sum_norm": dict(use_tis=True, loss_aggregation="seq_mean_token_sum_norm"),
+    "kl_loss-unbiased-entropy": dict(use_kl_loss=True, kl_loss_coef=0.1, use_unbiased_kl=True, entropy_coef=0.01),
+    "rollout_logprobs-dual_clip": dict(use_rollout_logprobs=True, eps_clip_c=3.0),
+    "reinforce_plus_plus_baseline": dict(advantage_estimator="reinforce_plus_plus_baseline", normalize_advantages=True),
+}

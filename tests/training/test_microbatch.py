@@ -221,18 +221,6 @@ def test_megatron_dynamic_batches_give_the_fixed_step():
     assert_close(lp_dyn[real], lp_fixed[real], rtol=0, atol=1e-5)
 
 
-def uneven_batch():
-    """workers.fixed_batch with row 1 cut to 10 tokens: rows of 14, 10, 14, 11 tokens."""
-    from tests.support.megatron_cpu import workers
-
-    batch = workers.fixed_batch()
-    batch.attention_mask[1, 10:] = 0
-    batch.input_ids[1, 10:] = 0
-    batch.loss_mask[1, 9:] = 0
-    batch.advantages = batch.advantages * batch.loss_mask
-    return batch
-
-
 def train_once(parallel: dict, train_overrides: dict) -> dict:
     """One train_rollout (one step of the 4 rows) of the tiny megatron backend; metrics and log-probs after it."""
     from tests.support.megatron_cpu import workers
@@ -241,7 +229,7 @@ def train_once(parallel: dict, train_overrides: dict) -> dict:
     b = trainers.megatron_backend(hf.state_dict(), hf.config, cfg.model, dataclasses.replace(cfg.parallelism, **parallel),
                                   cfg.algorithm, dataclasses.replace(cfg.train, **train_overrides), 1.0, 10, CPU,
                                   max_response_len=8, seed=cfg.seed)
-    batch = uneven_batch()
+    batch = workers.uneven_batch()
     mine = torch.arange(4)[torch.distributed.get_rank() :: torch.distributed.get_world_size()]
     return {"micro_batches": [mb.idx.tolist() for mb in b._micro_batches(batch, mine)],
             "metrics": b.train_rollout(batch), "after": b.compute_log_probs(batch)}
@@ -265,7 +253,7 @@ def test_megatron_dp2_ranks_with_different_micro_batch_counts_give_the_single_st
     equals one process with fixed micro-batches of 1."""
     import socket
 
-    from tests.support.megatron_cpu import shim
+    from tests.support.megatron_cpu import shim, workers
 
     shim.install()
     with socket.socket() as s:
@@ -275,7 +263,7 @@ def test_megatron_dp2_ranks_with_different_micro_batch_counts_give_the_single_st
     ranks = [torch.load(tmp_path / f"dp2_rank{r}.pt") for r in (0, 1)]
     assert ranks[0]["micro_batches"] == [[0], [2]] and ranks[1]["micro_batches"] == [[1, 3]]
     single = train_once({}, {})
-    real = uneven_batch().attention_mask[:, 1:].bool()
+    real = workers.uneven_batch().attention_mask[:, 1:].bool()
     for key in ("train/loss", "train/pg_loss", "train/grad_norm"):
         assert ranks[0]["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-4, abs=1e-6), key
     for r in ranks:

@@ -14,7 +14,7 @@ from torch.testing import assert_close
 from slime_hydra.algorithms.losses import aggregate
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.training.torch_backend import TorchTrainBackend
-from tests.support.tiny import CPU, MAX_LEN, base_model, make_batch
+from tests.support.tiny import CASES, CPU, MAX_LEN, base_model, make_batch
 from tests.support.trainers import torch_backend
 
 
@@ -27,20 +27,6 @@ def backend(algo: AlgorithmConfig, mbs: int, gbs: int = 8, steps: int = 1, skip:
     b = torch_backend(base_model(), algo, train, temperature=1.0, total_steps=10, device=CPU, max_response_len=MAX_LEN)
     b.freeze_reference()
     return b
-
-
-CASES = {
-    "grpo-sample_token_mean": dict(),
-    "grpo-token_mean": dict(loss_aggregation="token_mean"),
-    "grpo-seq_mean_token_sum": dict(loss_aggregation="seq_mean_token_sum"),
-    "dr_grpo-seq_mean_token_sum_norm": dict(loss_aggregation="seq_mean_token_sum_norm", grpo_std_normalization=False),
-    "gspo": dict(advantage_estimator="gspo", eps_clip=3e-4, eps_clip_high=4e-4),
-    "cispo-token_mean": dict(advantage_estimator="cispo", eps_clip=1.0, eps_clip_high=4.0, loss_aggregation="token_mean"),
-    "tis-seq_mean_token_sum_norm": dict(use_tis=True, loss_aggregation="seq_mean_token_sum_norm"),
-    "kl_loss-unbiased-entropy": dict(use_kl_loss=True, kl_loss_coef=0.1, use_unbiased_kl=True, entropy_coef=0.01),
-    "rollout_logprobs-dual_clip": dict(use_rollout_logprobs=True, eps_clip_c=3.0),
-    "reinforce_plus_plus_baseline": dict(advantage_estimator="reinforce_plus_plus_baseline", normalize_advantages=True),
-}
 
 
 @pytest.mark.parametrize("case", list(CASES))

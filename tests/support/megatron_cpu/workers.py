@@ -131,3 +131,13 @@ def spawn_main(rank: int, world: int, port: int, out_dir: str, layouts: list[str
     for name in layouts:
         res = run_layout(cfg, hf, LAYOUTS[name], out_dir, name)
         torch.save(res, os.path.join(out_dir, f"{name}_rank{rank}.pt"))
+
+
+def uneven_batch():
+    """workers.fixed_batch with row 1 cut to 10 tokens: rows of 14, 10, 14, 11 tokens."""
+    batch = fixed_batch()
+    batch.attention_mask[1, 10:] = 0
+    batch.input_ids[1, 10:] = 0
+    batch.loss_mask[1, 9:] = 0
+    batch.advantages = batch.advantages * batch.loss_mask
+    return batch

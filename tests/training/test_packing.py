@@ -19,8 +19,8 @@ from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.config.validate import check
 from slime_hydra.errors import ConfigError
 from slime_hydra.training.thd import pack, thd_logits, unpack
-from tests import trainers
-from tests.test_algorithms_backend import CASES, CPU, MAX_LEN, TOK, base_model, make_batch, samples
+from tests.support import trainers
+from tests.support.tiny import CASES, CPU, MAX_LEN, TOK, base_model, make_batch, samples
 
 torch.set_num_threads(1)
 
@@ -214,7 +214,7 @@ def megatron_run(cfg, hf, qkv_format: str, algo: AlgorithmConfig, **train_kw) ->
     """One train_rollout of the 4 uneven rows (14, 10, 14, 11 tokens) and the log-probs before and after it."""
     import dataclasses
 
-    from tests.test_microbatch import uneven_batch
+    from tests.support.megatron_cpu.workers import uneven_batch
 
     train = dataclasses.replace(cfg.train, qkv_format=qkv_format, skip_zero_advantage_samples=False, **train_kw)
     b = trainers.megatron_backend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, algo, train, 1.0, 10, CPU,
@@ -227,7 +227,7 @@ def megatron_run(cfg, hf, qkv_format: str, algo: AlgorithmConfig, **train_kw) ->
 
 
 def assert_megatron_same(padded: dict, packed: dict, tag: str, tol: float = 1e-5):
-    from tests.test_microbatch import uneven_batch
+    from tests.support.megatron_cpu.workers import uneven_batch
 
     real = uneven_batch().attention_mask[:, 1:].bool()
     for key in ("before", "after"):
@@ -253,7 +253,7 @@ def test_megatron_packed_equals_padded(case):
     budget counts real tokens: each step's two rows, 14 + 10 = 24 and 14 + 11 = 25, train in one micro-batch; the
     log-prob passes over all 4 rows: LPT from k = ceil(49 / 25) = 2, 14 (row 0) | 14 (row 2), 11 (row 3) joins the
     tie's lower bin (25), 10 (row 1) the other (24): [0, 3] [1, 2]."""
-    from tests.megatron_cpu import shim, workers
+    from tests.support.megatron_cpu import shim, workers
 
     shim.install()
     cfg, _, hf = workers.tiny_setup(["train.micro_batch_size=2"])
@@ -275,7 +275,7 @@ def test_megatron_packed_equals_padded_moe_and_partial_rotary(family, tmp_path):
     each head, post norms): packed = padded."""
     import dataclasses
 
-    from tests.megatron_cpu import shim, zoo
+    from tests.support.megatron_cpu import shim, zoo
 
     shim.install()
     cfg, hf = zoo.build(family, tmp_path)
@@ -289,7 +289,7 @@ def tp2_main(rank: int, port: int, out_dir: str) -> None:
     import dataclasses
     import os
 
-    from tests.megatron_cpu import shim, workers
+    from tests.support.megatron_cpu import shim, workers
 
     shim.install()
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -305,7 +305,7 @@ def test_megatron_packed_tp2_equals_padded_tp1(tmp_path):
     padded: the same step."""
     import socket
 
-    from tests.megatron_cpu import shim, workers
+    from tests.support.megatron_cpu import shim, workers
 
     shim.install()
     with socket.socket() as s:
