@@ -1,0 +1,217 @@
+"""`slime-hydra plan [overrides...]`: the placement plan of a run, printed without starting anything.
+
+A dry run for checking a 64-GPU layout before paying for it: no Ray, no model, no data loading, no GPU.
+The config is composed and checked by the run's own preflight (app/checks.py); the layout is the
+placement group's (orchestration/placement.py plan_layout, which imports no ray at module level); the
+megatron groups are megatron's own RankGenerator with the order the ranks use (training/megatron/
+parallel.py); the weight-sync mode is the engines' (rollout/sglang/checks.weight_sync_mode). What the
+plan adds is only the printing. Two kinds of problem do not stop it: paths absent on this machine (a
+recipe's checkpoint and data on the cluster it is for; errors.Missing), listed under "missing:", and
+pairings the Ray engine does not drive yet (config/validate_ray.NOT_YET), listed under "not runnable
+yet:". Every other problem exits 2 with the usual message, as a run would.
+
+Node and GPU numbers assume nodes of `cluster.actor_num_gpus_per_node` GPUs filled in bundle order (Ray's
+PACK strategy on identical nodes); Ray places the bundles, so on other clusters they may differ.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+from slime_hydra.app.checks import check
+from slime_hydra.config.preflight import Composer, check_overrides, hydra_message, to_run_config
+from slime_hydra.config.schema import RunConfig
+from slime_hydra.config.validate_ray import NOT_YET
+from slime_hydra.errors import ConfigError, Missing, UserError
+from slime_hydra.orchestration.placement import Layout, plan_layout, resolve_use_gpu
+from slime_hydra.rollout.sglang.checks import num_engines, weight_sync_mode
+
+USAGE = ("usage: slime-hydra plan [group=option ...] [key=value ...] [--config-name NAME]\n"
+         "  prints the placement plan of that run (bundles, ranks and their TP/PP/DP groups, engines, memory, weight sync)\n"
+         "  without starting anything; paths absent here are listed, not fatal; other config errors exit 2")
+
+
+def compose_for_plan(overrides: list[str], config_name: str = "config") -> tuple[RunConfig, list[Missing], list[str]]:
+    """(the checked config, paths missing here, pairings not driven yet); raises ConfigError for anything else."""
+    with Composer(config_name) as composer:
+        composed, problems = check_overrides(composer, overrides)
+    if composed is None or problems:
+        raise ConfigError(problems)
+    try:
+        typed = to_run_config(composed)
+    except Exception as e:  # noqa: BLE001 - missing values and interpolation errors, as app/preflight.py reports them
+        raise ConfigError([hydra_message(e)]) from None
+    cfg, problems, _ = check(typed)
+    missing = [p for p in problems if isinstance(p, Missing)]
+    not_yet = [p for p in problems if not isinstance(p, Missing) and p.startswith(NOT_YET)]
+    if other := [p for p in problems if p not in missing and p not in not_yet]:
+        raise ConfigError(other)
+    return cfg, missing, not_yet
+
+
+def plan_text(overrides: list[str], config_name: str = "config") -> str:
+    cfg, missing, not_yet = compose_for_plan(overrides, config_name)
+    what = " ".join(overrides) or "the default config"
+    lines = [f"plan of {what} (nothing started: no Ray, no model, no data read)"]
+    lines += cluster_lines(cfg) + train_lines(cfg) + rollout_lines(cfg) + memory_lines(cfg) + sync_lines(cfg)
+    if missing:
+        lines += ["missing (on this machine; a run needs them where it runs):"]
+        lines += [f"  {m.key}: {m.path}" for m in missing]
+    if not_yet:
+        lines += ["not runnable yet (a run stops at validation with these, exit 2):"] + [f"  - {p}" for p in not_yet]
+    return "\n".join(lines)
+
+
+# -- the placement group ------------------------------------------------------------------------
+def layout_of(cfg: RunConfig) -> tuple[Layout, str]:
+    """The run's Layout and its bundle kind; cluster.device=auto plans GPU bundles (a cluster without GPUs gets CPU ones)."""
+    c = cfg.cluster
+    use_gpu = resolve_use_gpu(c, {"GPU": 1.0})  # auto: the cluster a plan is for has GPUs
+    return plan_layout(c, use_gpu), ("GPU" if use_gpu else "CPU")
+
+
+def where(c, bundle: int) -> tuple[int, int]:
+    """(node, device on the node) of a bundle: nodes of actor_num_gpus_per_node, filled in order."""
+    return divmod(bundle, c.actor_num_gpus_per_node)
+
+
+def cluster_lines(cfg: RunConfig) -> list[str]:
+    c = cfg.cluster
+    if c.backend != "ray":
+        return [f"cluster: backend=local: one process (this driver) on cluster.device={c.device}; no placement group"]
+    layout, kind = layout_of(cfg)
+    per = c.actor_num_gpus_per_node
+    nodes = -(-layout.num_bundles // per)
+    lines = [f"cluster: backend=ray, one placement group of {layout.num_bundles} bundle(s) of {layout.bundle} (PACK); "
+             f"{c.actor_num_nodes} train node(s) × {per} {kind}, colocate={str(c.colocate).lower()}"]
+    if c.device == "auto":
+        lines.append("  (cluster.device=auto: on a Ray cluster without GPUs each bundle is {'CPU': 1.0})")
+    for n in range(nodes):
+        bundles = range(n * per, min((n + 1) * per, layout.num_bundles))
+        lines.append(f"  node {n}: bundles {bundles[0]}-{bundles[-1]} ({kind} {bundles[0] - n * per}-{bundles[-1] - n * per})")
+    return lines
+
+
+# -- train ranks ---------------------------------------------------------------------------------
+def rank_coords(cfg: RunConfig, world: int) -> tuple[dict[str, list[list[int]]], str]:
+    """The train ranks' groups by kind, and how they were formed."""
+    if cfg.train.backend != "megatron":  # torch: every rank a data-parallel replica
+        return {"dp": [list(range(world))]}, "train.backend=torch: data parallel only (the driver splits each batch)"
+    with warnings.catch_warnings():  # megatron-core warns at import that Transformer Engine / Apex are absent
+        warnings.simplefilter("ignore")
+        # megatron-core (~6 s of imports) only for a megatron plan: its RankGenerator is what the ranks build groups with
+        from slime_hydra.training.megatron.parallel import ORDER, rank_groups
+
+        groups = rank_groups(cfg.parallelism, world)
+    p = cfg.parallelism
+    sizes = (f"TP={p.tensor_model_parallel_size} PP={p.pipeline_model_parallel_size} CP={p.context_parallel_size} "
+             f"EP={p.expert_model_parallel_size} -> DP={len(groups['dp'][0])}")
+    return groups, f"train.backend=megatron: {sizes} (megatron's rank order {ORDER}: TP fastest)"
+
+
+def train_lines(cfg: RunConfig) -> list[str]:
+    c = cfg.cluster
+    if cfg.debug_rollout_only:
+        return ["train: debug_rollout_only=true: no trainer built"]
+    if c.backend != "ray":
+        return [f"train: rank 0 of 1 ({cfg.train.backend}) in this process, TP=PP=DP=1"]
+    layout, kind = layout_of(cfg)
+    world = len(layout.actor_bundles)
+    groups, how = rank_coords(cfg, world)
+    share = "half of" if layout.colocate else "all of"
+    lines = [f"train: {world} rank(s), one Ray actor each on {share} its bundle; {how}"]
+    kinds = [k for k in ("tp", "pp", "dp", "cp") if k in groups and (k != "cp" or len(groups[k][0]) > 1)]
+    coords = {k: {r: i for g in groups[k] for i, r in enumerate(g)} for k in kinds}
+    lines.append(("  rank  node  bundle  " + f"{kind:<5}" + "".join(f"{k.upper():<4}" for k in kinds)).rstrip())
+    for r, b in enumerate(layout.actor_bundles):
+        node, dev = where(c, b)
+        lines.append(f"  {r:<4}  {node:<4}  {b:<6}  {dev:<5}" + "".join(f"{coords[k][r]:<4}" for k in kinds).rstrip())
+    for k in kinds:
+        lines.append(f"  {k.upper()} groups: " + " ".join(str(g) for g in groups[k]))
+    return lines
+
+
+# -- rollout engines -----------------------------------------------------------------------------
+def rollout_lines(cfg: RunConfig) -> list[str]:
+    c, r = cfg.cluster, cfg.rollout
+    if cfg.load_debug_rollout_data:
+        return [f"rollout: none (load_debug_rollout_data={cfg.load_debug_rollout_data}: samples replayed from dumps)"]
+    if c.backend != "ray":
+        if r.backend == "sglang":
+            n = num_engines(c)
+            return [f"rollout: {n} SGLang server(s) × {c.rollout_num_gpus_per_engine} device(s) (tp_size), child processes "
+                    f"of this driver on cluster.device={c.device}, behind sglang-router (policy {r.sglang_router_policy})"]
+        return ["rollout: one local engine (rollout.backend=local) in this process"]
+    layout, kind = layout_of(cfg)
+    placed = ("colocated on the train bundles" if c.colocate
+              else f"on bundles of their own (cluster.rollout_num_gpus={c.rollout_num_gpus})")
+    if r.backend == "sglang":
+        head = (f"rollout: {len(layout.engine_bundles)} SGLang engine(s) × {c.rollout_num_gpus_per_engine} {kind} "
+                f"(cluster.rollout_num_gpus_per_engine, the server's tp_size), {placed}, behind sglang-router "
+                f"(policy {r.sglang_router_policy}) in the driver; each server a child of a Ray actor on its first bundle")
+    else:
+        head = (f"rollout: {len(layout.engine_bundles)} local engine(s) (rollout.backend=local), one Ray actor each, {placed}; "
+                "a rollout manager actor (no resources) owns them and the prompt source")
+    lines = [head]
+    for e, bundles in enumerate(layout.engine_bundles):
+        spots = sorted({where(c, b) for b in bundles})
+        nodes = sorted({n for n, _ in spots})
+        devs = ",".join(str(d) for _, d in spots)
+        lines.append(f"  engine {e}: bundles {list(bundles)} (node {','.join(map(str, nodes))}, {kind} {devs})")
+    return lines
+
+
+# -- memory and weight sync ----------------------------------------------------------------------
+def memory_lines(cfg: RunConfig) -> list[str]:
+    c, r = cfg.cluster, cfg.rollout
+    lines = ["memory:"]
+    if r.backend == "sglang":
+        mem = r.sglang.get("mem_fraction_static")
+        lines.append(f"  rollout.sglang.mem_fraction_static: {mem if mem is not None else 'unset (sglang picks by GPU size)'}")
+        if "enable_memory_saver" in r.sglang:
+            lines.append(f"  rollout.sglang.enable_memory_saver: {r.sglang['enable_memory_saver']}")
+        other = {k: v for k, v in r.sglang.items() if k not in ("mem_fraction_static", "enable_memory_saver")}
+        if other:
+            lines.append(f"  rollout.sglang (other server args): {other}")
+    lines.append(f"  cluster.offload_train: {str(c.offload_train).lower()}   cluster.offload_rollout: "
+                 f"{str(c.offload_rollout).lower()}" + ("   (colocate's default)" if c.colocate else ""))
+    if r.backend == "sglang" and c.offload_rollout:
+        lines.append("  the engines release their memory (/release_memory_occupation) after each rollout and resume it "
+                     "before the next (skipped on CPU)")
+    return lines
+
+
+def sync_lines(cfg: RunConfig) -> list[str]:
+    c, r = cfg.cluster, cfg.rollout
+    if cfg.debug_rollout_only or cfg.load_debug_rollout_data:
+        return ["weight sync: none (a debug split: nothing trains, or nothing generates)"]
+    source = ("the trainer in this process" if c.backend != "ray" else
+              "train rank 0's weights (megatron: every stage's TP-gathered Hugging Face tensors), fetched by the driver from "
+              "the Ray object store (CPU tensors)")
+    if r.backend != "sglang":
+        if c.backend != "ray":
+            return ["weight sync: in process: the trainer's tensors copied into the local engine's parameters"]
+        return ["weight sync: train rank 0's weights into the Ray object store; the rollout manager actor hands the "
+                "reference to each engine actor, which copies them into its parameters"]
+    mode = weight_sync_mode(r.weight_sync, c.colocate)
+    buckets = f"buckets of rollout.update_weight_buffer_size={r.update_weight_buffer_size} bytes"
+    route = {"tensor": f"{buckets} posted to each engine's /update_weights_from_tensor as handles (shared-memory files for "
+                       "CPU tensors, CUDA IPC for CUDA ones)",
+             "distributed": f"{buckets} broadcast over one update group per engine (the driver its rank 0; gloo on CPU, "
+                            "NCCL on GPU; /update_weights_from_distributed)",
+             "disk": "a safetensors file the driver writes, then each engine's /update_weights_from_disk"}[mode]
+    check = "; each sync checked equal (rollout.check_weight_update_equal)" if r.check_weight_update_equal else ""
+    return [f"weight sync: rollout.weight_sync={r.weight_sync} -> {mode} (cluster.colocate={str(c.colocate).lower()})",
+            f"  from {source}", f"  by the driver: {route}",
+            f"  each engine paused, updated, cache flushed, continued; samples carry their weight version{check}"]
+
+
+def main(overrides: list[str], config_name: str = "config") -> int:
+    """Print the plan; 0, or a UserError's exit code (2) with its message on stderr."""
+    try:
+        print(plan_text(overrides, config_name), flush=True)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    return 0
