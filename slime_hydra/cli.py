@@ -99,12 +99,20 @@ def plan_command(argv: list[str]) -> int:
     if "-h" in argv or "--help" in argv:
         print(plan.USAGE)
         return 0
+    gpus_per_node = None
+    if "--gpus-per-node" in argv:
+        i = argv.index("--gpus-per-node")
+        value = argv[i + 1] if i + 1 < len(argv) else ""
+        if not value.isdigit():
+            print(f"{plan.USAGE}\nerror: --gpus-per-node takes a number of GPUs, got {value!r}", file=sys.stderr)
+            return 2
+        gpus_per_node, argv = int(value), argv[:i] + argv[i + 2:]
     overrides, multirun, config_name = split_argv(argv)
     flags = [a for a in argv if a.startswith("-") and a not in ("--config-name", "-cn")]
     if multirun or flags:
         print(f"{plan.USAGE}\nerror: a plan is of one job; {' '.join(flags)} is not taken here", file=sys.stderr)
         return 2
-    return plan.main(overrides, config_name)
+    return plan.main(overrides, config_name, gpus_per_node)
 
 
 def main() -> None:

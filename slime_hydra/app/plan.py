@@ -10,26 +10,31 @@ recipe's checkpoint and data on the cluster it is for; errors.Missing), listed u
 pairings the Ray engine does not drive yet (config/validate_ray.NOT_YET), listed under "not runnable
 yet:". Every other problem exits 2 with the usual message, as a run would.
 
-Node and GPU numbers assume nodes of `cluster.actor_num_gpus_per_node` GPUs filled in bundle order (Ray's
-PACK strategy on identical nodes); Ray places the bundles, so on other clusters they may differ.
+Node and GPU numbers assume identical nodes of `gpus_per_node` GPUs (`--gpus-per-node`; by default
+max(8, cluster.actor_num_gpus_per_node), one machine for CPU bundles) filled in bundle order, as Ray's PACK
+strategy fills them; the layout is checked against such nodes with the check a run makes against the
+real cluster (placement.layout_problems). Ray places the bundles, so on other clusters numbers may differ.
 """
 
 from __future__ import annotations
 
 import sys
 import warnings
+from dataclasses import dataclass
+from typing import Optional
 
 from slime_hydra.app.checks import check
 from slime_hydra.config.preflight import Composer, check_overrides, hydra_message, to_run_config
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.config.validate_ray import NOT_YET
 from slime_hydra.errors import ConfigError, Missing, UserError
-from slime_hydra.orchestration.placement import Layout, plan_layout, resolve_use_gpu
+from slime_hydra.orchestration.placement import Layout, layout_problems, plan_layout, resolve_use_gpu
 from slime_hydra.rollout.sglang.checks import num_engines, weight_sync_mode
 
-USAGE = ("usage: slime-hydra plan [group=option ...] [key=value ...] [--config-name NAME]\n"
+USAGE = ("usage: slime-hydra plan [group=option ...] [key=value ...] [--gpus-per-node N] [--config-name NAME]\n"
          "  prints the placement plan of that run (bundles, ranks and their TP/PP/DP groups, engines, memory, weight sync)\n"
-         "  without starting anything; paths absent here are listed, not fatal; other config errors exit 2")
+         "  without starting anything; paths absent here are listed, not fatal; other config errors exit 2.\n"
+         "  --gpus-per-node: the GPUs of each node of the cluster it is for (default max(8, cluster.actor_num_gpus_per_node))")
 
 
 def compose_for_plan(overrides: list[str], config_name: str = "config") -> tuple[RunConfig, list[Missing], list[str]]:
@@ -50,11 +55,13 @@ def compose_for_plan(overrides: list[str], config_name: str = "config") -> tuple
     return cfg, missing, not_yet
 
 
-def plan_text(overrides: list[str], config_name: str = "config") -> str:
+def plan_text(overrides: list[str], config_name: str = "config", gpus_per_node: Optional[int] = None) -> str:
+    """The plan, or ConfigError (exit 2) for a bad config or a layout that nodes of `gpus_per_node` cannot hold."""
     cfg, missing, not_yet = compose_for_plan(overrides, config_name)
+    nodes = Nodes.of(cfg, gpus_per_node)
     what = " ".join(overrides) or "the default config"
     lines = [f"plan of {what} (nothing started: no Ray, no model, no data read)"]
-    lines += cluster_lines(cfg) + train_lines(cfg) + rollout_lines(cfg) + memory_lines(cfg) + sync_lines(cfg)
+    lines += cluster_lines(cfg, nodes) + train_lines(cfg, nodes) + rollout_lines(cfg, nodes) + memory_lines(cfg) + sync_lines(cfg)
     if missing:
         lines += ["missing (on this machine; a run needs them where it runs):"]
         lines += [f"  {m.key}: {m.path}" for m in missing]
@@ -64,30 +71,47 @@ def plan_text(overrides: list[str], config_name: str = "config") -> str:
 
 
 # -- the placement group ------------------------------------------------------------------------
-def layout_of(cfg: RunConfig) -> tuple[Layout, str]:
-    """The run's Layout and its bundle kind; cluster.device=auto plans GPU bundles (a cluster without GPUs gets CPU ones)."""
-    c = cfg.cluster
-    use_gpu = resolve_use_gpu(c, {"GPU": 1.0})  # auto: the cluster a plan is for has GPUs
-    return plan_layout(c, use_gpu), ("GPU" if use_gpu else "CPU")
+@dataclass(frozen=True)
+class Nodes:
+    """The run's Layout on identical nodes of `per` bundles, filled in bundle order."""
+
+    layout: Layout
+    kind: str  # GPU | CPU
+    per: int
+
+    @staticmethod
+    def of(cfg: RunConfig, gpus_per_node: Optional[int]) -> "Nodes":
+        """cluster.device=auto plans GPU bundles (the cluster a plan is for has GPUs; one without gets CPU bundles)."""
+        c = cfg.cluster
+        use_gpu = resolve_use_gpu(c, {"GPU": 1.0})
+        layout = plan_layout(c, use_gpu)
+        if c.backend != "ray":
+            return Nodes(layout, "GPU" if use_gpu else "CPU", 1)
+        if gpus_per_node is not None and gpus_per_node < 1:
+            raise UserError(f"--gpus-per-node={gpus_per_node} must be >= 1")
+        per = gpus_per_node or (max(8, c.actor_num_gpus_per_node) if use_gpu else layout.num_bundles)
+        count = -(-layout.num_bundles // per)
+        # the check a run makes against the cluster's resources (placement.create_placement_group), on the planned nodes
+        total = {"GPU": float(count * per), "CPU": float(count * per)} if use_gpu else {"CPU": float(count * per)}
+        if problems := layout_problems(c, layout, total, float(per), f"planned: {count} node(s) of {per}"):
+            raise ConfigError(problems)
+        return Nodes(layout, "GPU" if use_gpu else "CPU", per)
+
+    def where(self, bundle: int) -> tuple[int, int]:
+        """(node, device on that node) of a bundle."""
+        return divmod(bundle, self.per)
 
 
-def where(c, bundle: int) -> tuple[int, int]:
-    """(node, device on the node) of a bundle: nodes of actor_num_gpus_per_node, filled in order."""
-    return divmod(bundle, c.actor_num_gpus_per_node)
-
-
-def cluster_lines(cfg: RunConfig) -> list[str]:
-    c = cfg.cluster
+def cluster_lines(cfg: RunConfig, nodes: Nodes) -> list[str]:
+    c, layout, per, kind = cfg.cluster, nodes.layout, nodes.per, nodes.kind
     if c.backend != "ray":
         return [f"cluster: backend=local: one process (this driver) on cluster.device={c.device}; no placement group"]
-    layout, kind = layout_of(cfg)
-    per = c.actor_num_gpus_per_node
-    nodes = -(-layout.num_bundles // per)
-    lines = [f"cluster: backend=ray, one placement group of {layout.num_bundles} bundle(s) of {layout.bundle} (PACK); "
-             f"{c.actor_num_nodes} train node(s) × {per} {kind}, colocate={str(c.colocate).lower()}"]
+    lines = [f"cluster: backend=ray, one placement group of {layout.num_bundles} bundle(s) of {layout.bundle} (PACK), "
+             f"colocate={str(c.colocate).lower()}; train: cluster.actor_num_nodes × actor_num_gpus_per_node = "
+             f"{c.actor_num_nodes} × {c.actor_num_gpus_per_node}; planned on nodes of {per} {kind}"]
     if c.device == "auto":
         lines.append("  (cluster.device=auto: on a Ray cluster without GPUs each bundle is {'CPU': 1.0})")
-    for n in range(nodes):
+    for n in range(-(-layout.num_bundles // per)):
         bundles = range(n * per, min((n + 1) * per, layout.num_bundles))
         lines.append(f"  node {n}: bundles {bundles[0]}-{bundles[-1]} ({kind} {bundles[0] - n * per}-{bundles[-1] - n * per})")
     return lines
@@ -110,13 +134,12 @@ def rank_coords(cfg: RunConfig, world: int) -> tuple[dict[str, list[list[int]]],
     return groups, f"train.backend=megatron: {sizes} (megatron's rank order {ORDER}: TP fastest)"
 
 
-def train_lines(cfg: RunConfig) -> list[str]:
-    c = cfg.cluster
+def train_lines(cfg: RunConfig, nodes: Nodes) -> list[str]:
+    c, layout, kind = cfg.cluster, nodes.layout, nodes.kind
     if cfg.debug_rollout_only:
         return ["train: debug_rollout_only=true: no trainer built"]
     if c.backend != "ray":
         return [f"train: rank 0 of 1 ({cfg.train.backend}) in this process, TP=PP=DP=1"]
-    layout, kind = layout_of(cfg)
     world = len(layout.actor_bundles)
     groups, how = rank_coords(cfg, world)
     share = "half of" if layout.colocate else "all of"
@@ -125,7 +148,7 @@ def train_lines(cfg: RunConfig) -> list[str]:
     coords = {k: {r: i for g in groups[k] for i, r in enumerate(g)} for k in kinds}
     lines.append(("  rank  node  bundle  " + f"{kind:<5}" + "".join(f"{k.upper():<4}" for k in kinds)).rstrip())
     for r, b in enumerate(layout.actor_bundles):
-        node, dev = where(c, b)
+        node, dev = nodes.where(b)
         lines.append(f"  {r:<4}  {node:<4}  {b:<6}  {dev:<5}" + "".join(f"{coords[k][r]:<4}" for k in kinds).rstrip())
     for k in kinds:
         lines.append(f"  {k.upper()} groups: " + " ".join(str(g) for g in groups[k]))
@@ -133,8 +156,8 @@ def train_lines(cfg: RunConfig) -> list[str]:
 
 
 # -- rollout engines -----------------------------------------------------------------------------
-def rollout_lines(cfg: RunConfig) -> list[str]:
-    c, r = cfg.cluster, cfg.rollout
+def rollout_lines(cfg: RunConfig, nodes: Nodes) -> list[str]:
+    c, r, layout, kind = cfg.cluster, cfg.rollout, nodes.layout, nodes.kind
     if cfg.load_debug_rollout_data:
         return [f"rollout: none (load_debug_rollout_data={cfg.load_debug_rollout_data}: samples replayed from dumps)"]
     if c.backend != "ray":
@@ -143,7 +166,6 @@ def rollout_lines(cfg: RunConfig) -> list[str]:
             return [f"rollout: {n} SGLang server(s) × {c.rollout_num_gpus_per_engine} device(s) (tp_size), child processes "
                     f"of this driver on cluster.device={c.device}, behind sglang-router (policy {r.sglang_router_policy})"]
         return ["rollout: one local engine (rollout.backend=local) in this process"]
-    layout, kind = layout_of(cfg)
     placed = ("colocated on the train bundles" if c.colocate
               else f"on bundles of their own (cluster.rollout_num_gpus={c.rollout_num_gpus})")
     if r.backend == "sglang":
@@ -155,10 +177,11 @@ def rollout_lines(cfg: RunConfig) -> list[str]:
                 "a rollout manager actor (no resources) owns them and the prompt source")
     lines = [head]
     for e, bundles in enumerate(layout.engine_bundles):
-        spots = sorted({where(c, b) for b in bundles})
-        nodes = sorted({n for n, _ in spots})
+        spots = sorted({nodes.where(b) for b in bundles})
+        on = sorted({n for n, _ in spots})
         devs = ",".join(str(d) for _, d in spots)
-        lines.append(f"  engine {e}: bundles {list(bundles)} (node {','.join(map(str, nodes))}, {kind} {devs})")
+        spans = "; spans nodes: refused at launch (an engine's bundles must share a node)" if len(on) > 1 else ""
+        lines.append(f"  engine {e}: bundles {list(bundles)} (node {','.join(map(str, on))}, {kind} {devs}{spans})")
     return lines
 
 
@@ -174,11 +197,11 @@ def memory_lines(cfg: RunConfig) -> list[str]:
         other = {k: v for k, v in r.sglang.items() if k not in ("mem_fraction_static", "enable_memory_saver")}
         if other:
             lines.append(f"  rollout.sglang (other server args): {other}")
-    lines.append(f"  cluster.offload_train: {str(c.offload_train).lower()}   cluster.offload_rollout: "
-                 f"{str(c.offload_rollout).lower()}" + ("   (colocate's default)" if c.colocate else ""))
-    if r.backend == "sglang" and c.offload_rollout:
-        lines.append("  the engines release their memory (/release_memory_occupation) after each rollout and resume it "
-                     "before the next (skipped on CPU)")
+    lines.append(f"  cluster.offload_train: {str(c.offload_train).lower()} (read by no trainer yet: its memory stays resident)")
+    if r.backend == "sglang":
+        what = ("the engines release their memory (/release_memory_occupation) after each rollout and resume it before the "
+                "next (skipped on CPU)") if c.offload_rollout else "the engines keep their memory"
+        lines.append(f"  cluster.offload_rollout: {str(c.offload_rollout).lower()}: {what}")
     return lines
 
 
@@ -207,10 +230,10 @@ def sync_lines(cfg: RunConfig) -> list[str]:
             f"  each engine paused, updated, cache flushed, continued; samples carry their weight version{check}"]
 
 
-def main(overrides: list[str], config_name: str = "config") -> int:
+def main(overrides: list[str], config_name: str = "config", gpus_per_node: Optional[int] = None) -> int:
     """Print the plan; 0, or a UserError's exit code (2) with its message on stderr."""
     try:
-        print(plan_text(overrides, config_name), flush=True)
+        print(plan_text(overrides, config_name, gpus_per_node), flush=True)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return e.exit_code

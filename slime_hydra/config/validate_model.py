@@ -102,7 +102,7 @@ def check_model_training(cfg: RunConfig, problems: list[str], notes: list[str]) 
         # (train.backend=megatron: its config.json check reports the same)
         problems.append(Missing(f"model.hf_checkpoint={m.hf_checkpoint}: config.json not found; point model.hf_checkpoint at a "
                                 "Hugging Face model directory (a random one: python -m slime_hydra.models.random_checkpoint "
-                                f"{m.hf_checkpoint} model=<option>)", "model.hf_checkpoint", Path(m.hf_checkpoint) / "config.json"))
+                                f"{m.hf_checkpoint} model=<option>)", "model.hf_checkpoint", m.hf_checkpoint))
     params, source = model_size(m)
     check_high_lr(cfg, params, source, problems, notes)
     check_half_precision_lr(cfg, notes)
