@@ -29,7 +29,7 @@ from slime_hydra.config.schema import RunConfig
 from slime_hydra.config.validate_ray import NOT_YET
 from slime_hydra.errors import ConfigError, Missing, UserError
 from slime_hydra.orchestration.placement import Layout, layout_problems, plan_layout, resolve_use_gpu
-from slime_hydra.rollout.sglang.checks import num_engines, weight_sync_mode
+from slime_hydra.rollout.sglang.checks import num_engines, ray_gpu_sync_problem, weight_sync_mode
 
 USAGE = ("usage: slime-hydra plan [group=option ...] [key=value ...] [--gpus-per-node N] [--config-name NAME]\n"
          "  prints the placement plan of that run (bundles, ranks and their TP/PP/DP groups, engines, memory, weight sync)\n"
@@ -59,6 +59,9 @@ def plan_text(overrides: list[str], config_name: str = "config", gpus_per_node: 
     """The plan, or ConfigError (exit 2) for a bad config or a layout that nodes of `gpus_per_node` cannot hold."""
     cfg, missing, not_yet = compose_for_plan(overrides, config_name)
     nodes = Nodes.of(cfg, gpus_per_node)
+    c = cfg.cluster
+    if c.backend == "ray" and cfg.rollout.backend == "sglang" and nodes.kind == "GPU":  # build_ray refuses it at launch
+        not_yet += [p for p in [ray_gpu_sync_problem(cfg.rollout.weight_sync, c.colocate)] if p]
     what = " ".join(overrides) or "the default config"
     lines = [f"plan of {what} (nothing started: no Ray, no model, no data read)"]
     lines += cluster_lines(cfg, nodes) + train_lines(cfg, nodes) + rollout_lines(cfg, nodes) + memory_lines(cfg) + sync_lines(cfg)
@@ -66,7 +69,7 @@ def plan_text(overrides: list[str], config_name: str = "config", gpus_per_node: 
         lines += ["missing (on this machine; a run needs them where it runs):"]
         lines += [f"  {m.key}: {m.path}" for m in missing]
     if not_yet:
-        lines += ["not runnable yet (a run stops at validation with these, exit 2):"] + [f"  - {p}" for p in not_yet]
+        lines += ["not runnable yet (a run stops with these before any actor starts, exit 2):"] + [f"  - {p}" for p in not_yet]
     return "\n".join(lines)
 
 
