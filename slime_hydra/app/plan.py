@@ -7,8 +7,9 @@ megatron groups are megatron's own RankGenerator with the order the ranks use (t
 parallel.py); the weight-sync mode is the engines' (rollout/sglang/checks.weight_sync_mode). What the
 plan adds is only the printing. Two kinds of problem do not stop it: paths absent on this machine (a
 recipe's checkpoint and data on the cluster it is for; errors.Missing), listed under "missing:", and
-pairings the Ray engine does not drive yet (config/validate_ray.NOT_YET), listed under "not runnable
-yet:". Every other problem exits 2 with the usual message, as a run would.
+what the Ray engine does not drive yet (config/validate_ray.NOT_YET at validation; on GPUs,
+rollout/sglang/checks.ray_gpu_sync_problem at launch), listed under "not runnable yet:". Every other
+problem exits 2 with the usual message, as a run would.
 
 Node and GPU numbers assume identical nodes of `gpus_per_node` GPUs (`--gpus-per-node`; by default
 max(8, cluster.actor_num_gpus_per_node), one machine for CPU bundles) filled in bundle order, as Ray's PACK
