@@ -140,8 +140,9 @@ def test_missing_checkpoint_is_listed_not_fatal(tmp_path):
 
 
 def test_other_config_errors_stop_the_plan(workdir):
-    with pytest.raises(ConfigError, match=r"= 2 must divide the train ranks .* = 1 × 6 = 6"):  # TP=2 does not divide 6
-        plan.plan_text([f"experiment={QWEN3_4B}", "cluster.actor_num_gpus_per_node=6"])
+    with pytest.raises(ConfigError) as e:  # TP=2 divides 6 ranks, but TP × PP = 4 does not (nor do they split 256 samples)
+        plan.plan_text([f"experiment={QWEN3_4B}", "cluster.actor_num_gpus_per_node=6", "parallelism.pipeline_model_parallel_size=2"])
+    assert "= 2 × 2 × 1 = 4 must divide the train ranks (cluster.actor_num_nodes × cluster.actor_num_gpus_per_node = 1 × 6 = 6)" in str(e.value)
     with pytest.raises(ConfigError, match="cluster.actor_num_gpus_per_node=8, but the largest node .* has 4 GPU"):
         plan.plan_text([f"experiment={QWEN3_4B}"], gpus_per_node=4)
     out = run_cli(["plan", f"experiment={QWEN3_4B}", "cluster.actor_num_gpus_per_nod=8"], workdir, timeout=300)
