@@ -10,6 +10,8 @@ bundle order (8 GPUs a node unless --gpus-per-node says otherwise).
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -151,9 +153,16 @@ def test_other_config_errors_stop_the_plan(workdir):
 
 
 def test_readme_shows_the_4b_plan(workdir):
-    """Through the CLI, as a user runs it; the README's copy is the output of this commit."""
-    out = run_cli(["plan", f"experiment={QWEN3_4B}"], workdir, timeout=300)
+    """Through the CLI, as a user runs it, in a fresh interpreter that then says what the plan imported (neither Ray nor
+    SGLang; torch without touching CUDA). The README's copy is the output of this commit."""
+    probe = ("import atexit, runpy, sys\n"
+             "atexit.register(lambda: print('imported:', 'ray' in sys.modules, 'sglang' in sys.modules,\n"
+             "                              'torch' in sys.modules and sys.modules['torch'].cuda.is_initialized(), file=sys.stderr))\n"
+             f"sys.argv = ['slime-hydra', 'plan', 'experiment={QWEN3_4B}']\n"
+             "runpy.run_module('slime_hydra', run_name='__main__')")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=workdir, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines()[-1] == "imported: False False False"
     readme = (ROOT / "README.md").read_text()
     shown = re.search(rf"```text\n\$ slime-hydra plan experiment={QWEN3_4B}\n(.*?)```", readme, re.S)
     assert shown is not None, "README.md lost its plan of the 4B recipe"
