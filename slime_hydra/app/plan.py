@@ -24,8 +24,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Optional
 
-from slime_hydra.app.checks import check
-from slime_hydra.config.preflight import Composer, check_overrides, hydra_message, to_run_config
+from slime_hydra.app.preflight import validate_composed
+from slime_hydra.config.preflight import Composer, check_overrides
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.config.validate_ray import NOT_YET
 from slime_hydra.errors import ConfigError, Missing, UserError
@@ -44,11 +44,9 @@ def compose_for_plan(overrides: list[str], config_name: str = "config") -> tuple
         composed, problems = check_overrides(composer, overrides)
     if composed is None or problems:
         raise ConfigError(problems)
-    try:
-        typed = to_run_config(composed)
-    except Exception as e:  # noqa: BLE001 - missing values and interpolation errors, as app/preflight.py reports them
-        raise ConfigError([hydra_message(e)]) from None
-    cfg, problems, _ = check(typed)
+    cfg, problems, _ = validate_composed(composed)  # a run's preflight: typed config, then every check (app/checks.py)
+    if cfg is None:
+        raise ConfigError(problems)
     missing = [p for p in problems if isinstance(p, Missing)]
     not_yet = [p for p in problems if not isinstance(p, Missing) and p.startswith(NOT_YET)]
     if other := [p for p in problems if p not in missing and p not in not_yet]:
