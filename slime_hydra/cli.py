@@ -1,7 +1,7 @@
 """`slime-hydra` / `python -m slime_hydra`: preflight (compose + validate all jobs), then the Hydra app.
 
 The front door only: it reads the command line, prints the program's own --help, hands `check-hf`
-to app/hf_check.py and the run to the composition floor (app/). Bad input exits with code 2 and one
+to app/hf_check.py, `plan` to app/plan.py and the run to the composition floor (app/). Bad input exits with code 2 and one
 clear message, never a traceback.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from slime_hydra.app import hf_check
+from slime_hydra.app import hf_check, plan
 from slime_hydra.app.preflight import preflight
 from slime_hydra.config.preflight import Composer
 from slime_hydra.config.store import CONF_DIR, register
@@ -57,6 +57,8 @@ MORE = """\
 More:
   slime-hydra experiment=grpo/<name>            a named, versioned experiment (experiments/, listed above)
   slime-hydra --cfg job [overrides]             print the composed config and stop
+  slime-hydra plan [overrides]                  the placement plan (bundles, ranks, TP/PP/DP groups, engines, memory,
+                                                weight sync) printed without starting anything; missing paths listed
   slime-hydra check-hf DIR [model=<option>]     does a model option match a Hugging Face config.json?
   slime-hydra --hydra-help                      Hydra's own flags (launchers, sweepers, output directories)
 Every default lives in slime_hydra/config/schema.py; a bad key or value stops before anything starts,
@@ -92,11 +94,34 @@ def task(cfg) -> float | None:
         sys.exit(e.exit_code)
 
 
+def plan_command(argv: list[str]) -> int:
+    """`slime-hydra plan [overrides...]`: app/plan.py prints the placement plan; one job, no Hydra flags."""
+    if "-h" in argv or "--help" in argv:
+        print(plan.USAGE)
+        return 0
+    gpus_per_node = None
+    if "--gpus-per-node" in argv:
+        i = argv.index("--gpus-per-node")
+        value = argv[i + 1] if i + 1 < len(argv) else ""
+        if not value.isdigit():
+            print(f"{plan.USAGE}\nerror: --gpus-per-node takes a number of GPUs, got {value!r}", file=sys.stderr)
+            return 2
+        gpus_per_node, argv = int(value), argv[:i] + argv[i + 2:]
+    overrides, multirun, config_name = split_argv(argv)
+    flags = [a for a in argv if a.startswith("-") and a not in ("--config-name", "-cn")]
+    if multirun or flags:
+        print(f"{plan.USAGE}\nerror: a plan is of one job; {' '.join(flags)} is not taken here", file=sys.stderr)
+        return 2
+    return plan.main(overrides, config_name, gpus_per_node)
+
+
 def main() -> None:
     _set_env_defaults()
     argv = sys.argv[1:]
     if argv[:1] == ["check-hf"]:
         sys.exit(hf_check.main(argv[1:]))
+    if argv[:1] == ["plan"]:
+        sys.exit(plan_command(argv[1:]))
     if "--help" in argv or "-h" in argv:
         print(help_text(split_argv(argv)[2]))
         return

@@ -22,6 +22,19 @@ class ConfigError(UserError):
         return "\n".join([head] + [f"  - {p}" for p in self.problems])
 
 
+class Missing(str):
+    """A problem that is only a path absent on this machine (a checkpoint or data file of the cluster a run is
+    for): fatal for a run, listed and passed over by a plan (`slime-hydra plan`, app/plan.py)."""
+
+    key: str
+    path: str
+
+    def __new__(cls, text: str, key: str, path: str) -> "Missing":
+        self = super().__new__(cls, text)
+        self.key, self.path = key, str(path)
+        return self
+
+
 class DataError(UserError):
     """A problem in a data file, with file:line."""
 

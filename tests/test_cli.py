@@ -21,7 +21,7 @@ def test_help_is_the_programs_own(workdir):
                       "reward", "rollout", "train", "warmstart"}
     assert "  algorithm: cispo, dapo, dr_grpo, grpo*, gspo," in out.stdout  # conf/config.yaml picks grpo
     assert "    grpo/qwen3-tiny-addition-cpu-local-torch-v4*" in out.stdout  # the embedded default experiment
-    assert "check-hf DIR" in out.stdout and "--hydra-help" in out.stdout
+    assert "check-hf DIR" in out.stdout and "--hydra-help" in out.stdout and "  slime-hydra plan [overrides]" in out.stdout
     short = run_cli(["-h", "algorithm=dapo"], workdir, timeout=300)  # -h wins over overrides, as --help does
     assert short.returncode == 0 and short.stdout == out.stdout
 

@@ -14,6 +14,8 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
+from slime_hydra.errors import Missing
+
 ROW_FILES = (".jsonl", ".parquet")
 
 
@@ -48,9 +50,10 @@ def _one(spec: str, key: str) -> tuple[list[DataFile], list[str]]:
     if glob.has_magic(spec):
         found = sorted(f for f in glob.glob(spec, recursive=True) if Path(f).is_file())
         if not found:
-            return [], [f"{key}={spec}: the glob matches no file; fix the pattern"]
+            return [], [Missing(f"{key}={spec}: the glob matches no file; fix the pattern", key, spec)]
         return [DataFile(f, _kind(Path(f))) for f in found], []
-    return [], [f"{key}={spec}: file not found; set {key} to an existing jsonl or parquet file, a glob, or a directory"]
+    return [], [Missing(f"{key}={spec}: file not found; set {key} to an existing jsonl or parquet file, a glob, or a directory",
+                        key, spec)]
 
 
 def resolve(spec: str, key: str = "data.prompt_data") -> tuple[list[DataFile], list[str]]:

@@ -22,6 +22,7 @@ from slime_hydra.config.validate_debug import check_debug
 from slime_hydra.config.validate_microbatch import check_microbatch
 from slime_hydra.config.validate_model import check_model_training
 from slime_hydra.config.validate_ray import check_ray_pairing
+from slime_hydra.errors import Missing
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "algorithm.advantage_estimator": ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"),
@@ -206,7 +207,8 @@ def check_run(cfg: RunConfig, problems: list[str]) -> None:
         if getattr(w, key) < 1:
             problems.append(f"warmstart.{key}={getattr(w, key)} must be >= 1")
     if cfg.load is not None and not Path(cfg.load).exists():
-        problems.append(f"load={cfg.load}: no such checkpoint directory; point load at a directory written by save")
+        problems.append(Missing(f"load={cfg.load}: no such checkpoint directory; point load at a directory written by save",
+                                "load", cfg.load))
 
 
 def check_data(cfg: RunConfig, problems: list[str]) -> None:
@@ -214,7 +216,7 @@ def check_data(cfg: RunConfig, problems: list[str]) -> None:
         if not path:
             problems.append(f"{key} is not set; set it to a jsonl file of {{\"{cfg.data.input_key}\": ..., \"{cfg.data.label_key}\": ...}} lines")
         elif not Path(path).is_file():
-            problems.append(f"{key}={path}: file not found; set {key} to an existing jsonl file")
+            problems.append(Missing(f"{key}={path}: file not found; set {key} to an existing jsonl file", key, path))
         elif Path(path).stat().st_size == 0 or (not path.endswith(".parquet") and not any(line.strip() for line in open(path, "rb"))):
             problems.append(f"{key}={path}: the file is empty; it needs one JSON object per line")
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from slime_hydra.config.schema import ModelConfig, RunConfig
+from slime_hydra.errors import Missing
 
 REAL_SIZE = 100_000_000  # parameters from which the high-lr rule applies
 MAX_RL_LR = 1e-5  # the highest train.lr / train.critic_lr accepted for a real-size model
@@ -99,9 +100,9 @@ def check_model_training(cfg: RunConfig, problems: list[str], notes: list[str]) 
     m, t = cfg.model, cfg.train
     if m.hf_checkpoint and t.backend != "megatron" and not (Path(m.hf_checkpoint) / "config.json").is_file():
         # (train.backend=megatron: its config.json check reports the same)
-        problems.append(f"model.hf_checkpoint={m.hf_checkpoint}: config.json not found; point model.hf_checkpoint at a "
-                        "Hugging Face model directory (a random one: python -m slime_hydra.models.random_checkpoint "
-                        f"{m.hf_checkpoint} model=<option>)")
+        problems.append(Missing(f"model.hf_checkpoint={m.hf_checkpoint}: config.json not found; point model.hf_checkpoint at a "
+                                "Hugging Face model directory (a random one: python -m slime_hydra.models.random_checkpoint "
+                                f"{m.hf_checkpoint} model=<option>)", "model.hf_checkpoint", m.hf_checkpoint))
     params, source = model_size(m)
     check_high_lr(cfg, params, source, problems, notes)
     check_half_precision_lr(cfg, notes)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from slime_hydra.config.schema import ModelConfig
+from slime_hydra.errors import Missing
 
 _ABSENT = object()
 
@@ -153,8 +154,9 @@ def check_hf_config(model: ModelConfig, config_json: str | Path) -> list[str]:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        return [f"model.hf_checkpoint: {path} not found; point model.hf_checkpoint at a directory holding config.json "
-                f"(a random one: python -m slime_hydra.models.random_checkpoint {path.parent} model=<option>)"]
+        return [Missing(f"model.hf_checkpoint: {path} not found; point model.hf_checkpoint at a directory holding config.json "
+                        f"(a random one: python -m slime_hydra.models.random_checkpoint {path.parent} model=<option>)",
+                        "model.hf_checkpoint", path)]
     try:
         hf = json.loads(path.read_text())
     except json.JSONDecodeError as e:

@@ -1,8 +1,9 @@
-"""Every experiment composes and validates; its composed config matches the checked-in golden file.
+"""Every experiment composes and validates; its composed config matches the checked-in golden file; every CPU
+experiment launches through the CLI for one rollout (or is launched by another test of this tier).
 
 Validation here is static (no GPUs, no cluster): the placement group is checked against a real
 cluster only when a run starts. Experiments for 8-GPU machines point at checkpoints and data that
-this machine does not have; those "not found" problems are the only ones tolerated, and PENDING lists
+this machine does not have; those "not found" problems (errors.Missing) are the only ones tolerated, and PENDING lists
 the features an experiment waits for (the test fails once a feature lands, so the entry gets removed).
 
 Regenerate the golden files after an intended change: `make golden` (python -m tests.config.test_experiments).
@@ -10,6 +11,7 @@ Regenerate the golden files after an intended change: `make golden` (python -m t
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -18,11 +20,10 @@ from omegaconf import OmegaConf
 
 from slime_hydra.app.preflight import validate_composed
 from slime_hydra.config.preflight import Composer, check_overrides
+from slime_hydra.errors import Missing
+from tests.support.runs import EXPERIMENTS, ROOT, run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
-EXPERIMENTS = sorted(str(p.relative_to(ROOT / "experiments").with_suffix("")) for p in (ROOT / "experiments").rglob("*.yaml"))
 GOLDEN = ROOT / "tests" / "golden"
-MISSING_HERE = ("not found; point model.hf_checkpoint", ": file not found; set ")  # checkpoints/data of GPU machines
 # experiment -> the problem it waits on (a feature another issue adds); a PENDING experiment is refused at validation
 # (exit 2, before Ray starts), so it cannot pass here and then fail at launch
 RAY_MEGATRON_SGLANG = "cluster.backend=ray does not drive train.backend=megatron with rollout.backend=sglang"  # issue 22
@@ -55,7 +56,7 @@ def golden_path(name: str) -> Path:
 def test_experiment_composes_and_validates(name):
     cfg, problems = compose(name)
     typed, more, _ = validate_composed(cfg)
-    problems = [p for p in problems + more if not any(m in p for m in MISSING_HERE)]
+    problems = [p for p in problems + more if not isinstance(p, Missing)]  # checkpoints/data of GPU machines
     if name in PENDING:
         assert any(PENDING[name] in p for p in problems), f"{name} no longer waits on {PENDING[name]!r}: drop it from PENDING"
         problems = [p for p in problems if PENDING[name] not in p]
@@ -90,6 +91,40 @@ def test_a_later_version_can_build_on_it(name, tmp_path, monkeypatch):
     derived, problems = compose("later/v9")
     assert derived is not None, problems
     assert golden_text(derived) == base_text.replace(f"experiment_name: {name}\n", "experiment_name: later/v9\n")
+
+
+# A CPU experiment that another default-tier test already launches, with its shape, for more rollouts: not started
+# again here (CI time; SGLang's CPU engines take a minute to start). The named module must name the experiment.
+LAUNCHED_ELSEWHERE = {
+    "grpo/qwen3-tiny-addition-cpu-local-torch-v4": ("tests/e2e/test_default_run.py", "learned_run: the embedded default (this "
+                                                    "experiment) through the CLI, 100 rollouts"),
+    "agent/qwen3-tiny-calculator-cpu-local-torch-v1": ("tests/e2e/test_agent.py", "the CLI, 2 rollouts"),
+    "grpo/qwen3-tiny-addition-cpu-sglang-torch-v1": ("tests/rollout/sglang/test_backend.py", "sglang_run: app.build + engine.loop, as the "
+                                                     "CLI's session runs them, 50 rollouts through 2 CPU engines"),
+}
+CPU = [n for n in EXPERIMENTS if "cpu" in n]
+# the smallest run of the same shape (backends, algorithm, group size, micro-batches, warm start): 1 rollout of 16
+# prompts × the experiments' 8 samples = 128, so each of ray-dp2's 2 ranks still gets a micro-batch of 64; 2 SFT steps
+ONE_ROLLOUT = ["num_rollout=1", "rollout.rollout_batch_size=16", "warmstart.steps=2",
+               "warmstart.min_steps=0", "eval.eval_interval=null", "logger=none", "logger.progress_bar=false"]
+
+
+def test_every_cpu_experiment_is_launched_somewhere():
+    assert set(LAUNCHED_ELSEWHERE) <= set(CPU), "LAUNCHED_ELSEWHERE names an experiment that is gone"
+    for name, (module, _) in LAUNCHED_ELSEWHERE.items():
+        assert name in (ROOT / module).read_text(), f"{module} no longer runs {name}: launch it here (drop it from LAUNCHED_ELSEWHERE)"
+
+
+@pytest.mark.parametrize("name", [n for n in CPU if n not in LAUNCHED_ELSEWHERE])
+def test_cpu_experiment_launches(name, tmp_path, request):
+    """Through the CLI, as a user starts it: exit 0 and a rollout metric in the run's summary."""
+    args = [f"experiment={name}", *ONE_ROLLOUT, f"hydra.run.dir={tmp_path}/run"]
+    if "-ray-" in name:  # the session's `ray start --head` cluster (2 CPUs), not a new one per run
+        args.append(f"cluster.address={request.getfixturevalue('ray_head').gcs_address}")
+    proc = run_cli(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert "rollout/reward_mean" in summary and "train/grad_norm" in summary, sorted(summary)  # generated, scored, trained
 
 
 def regenerate() -> None:

@@ -14,6 +14,8 @@ from slime_hydra.app.preflight import preflight
 from slime_hydra.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
+# every shipped experiment, as `experiment=<name>` takes it
+EXPERIMENTS = sorted(str(p.relative_to(ROOT / "experiments").with_suffix("")) for p in (ROOT / "experiments").rglob("*.yaml"))
 
 _MLFLOW_TEMPLATE: list[Path] = []
 

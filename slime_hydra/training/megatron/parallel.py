@@ -17,6 +17,18 @@ from megatron.core import tensor_parallel
 
 from slime_hydra.config.schema import ParallelismConfig
 
+# megatron's rank order (initialize_model_parallel's default, passed explicitly so the plan reads the same one): TP
+# varies fastest, then CP, EP, DP, and PP slowest, so a TP group is consecutive ranks (one node's NVLink)
+ORDER = "tp-cp-ep-dp-pp"
+
+
+def rank_groups(p: ParallelismConfig, world_size: int) -> dict[str, list[list[int]]]:
+    """{"tp"|"cp"|"dp"|"pp": the rank groups} that initialize_model_parallel builds for `p` on `world_size` ranks
+    (megatron's own RankGenerator, no process group): what `slime-hydra plan` prints (app/plan.py)."""
+    tp, pp, cp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size
+    gen = ps.RankGenerator(tp=tp, ep=1, dp=world_size // (tp * pp * cp), pp=pp, cp=cp, order=ORDER)
+    return {kind: gen.get_ranks(kind) for kind in ("tp", "cp", "dp", "pp")}
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -39,7 +51,7 @@ def init_parallel(p: ParallelismConfig, seed: int, backend: str, timeout_s: floa
     ps.initialize_model_parallel(tensor_model_parallel_size=p.tensor_model_parallel_size,
                                  pipeline_model_parallel_size=p.pipeline_model_parallel_size,
                                  context_parallel_size=p.context_parallel_size,
-                                 expert_model_parallel_size=p.expert_model_parallel_size,
+                                 expert_model_parallel_size=p.expert_model_parallel_size, order=ORDER,
                                  # megatron types it int, but only builds timedelta(minutes=...) from it: a fraction
                                  # keeps the key's seconds (rounding made cluster.distributed_timeout_s=3 wait 60 s)
                                  distributed_timeout_minutes=timeout_s / 60)  # type: ignore[arg-type]
