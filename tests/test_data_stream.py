@@ -219,8 +219,8 @@ def test_chat_rows_deferred_equal_the_in_memory_prompts(tmp_path):
 
 def test_the_driver_reads_while_the_workers_start(shards):
     """Workers that take 600 s to start (unpickling their tokenizer) hold nothing up: the driver reads every block
-    itself, without waiting (data.worker_timeout_s is 3 s), and serves the stream num_workers=0 serves."""
-    src = stream(shards, buffer=16, workers=2, tokenizer=CountingTokenizer(start_s=600), timeout_s=3)
+    itself, without waiting for them, and serves the stream num_workers=0 serves."""
+    src = stream(shards, buffer=16, workers=2, tokenizer=CountingTokenizer(start_s=600), timeout_s=600)
     try:
         assert served(src, 300) == served(stream(shards, buffer=16, tokenizer=CountingTokenizer()), 300)
         assert src.reader.read_by_driver == src.reader.next_index > 0
@@ -230,7 +230,8 @@ def test_the_driver_reads_while_the_workers_start(shards):
 
 def test_workers_make_the_rows_the_driver_deferred(shards):
     """The driver reads the first batch's blocks (the workers take 2 s to start) with their rows deferred; once
-    started, the workers make those rows too, and the driver then tokenizes nothing it serves."""
+    started, the workers make those rows too, and the driver then tokenizes nothing it serves while the workers
+    are ahead."""
     tok = CountingTokenizer(start_s=2)
     src = stream(shards, buffer=16, workers=2, tokenizer=tok, block_rows=8)
     try:
@@ -242,8 +243,9 @@ def test_workers_make_the_rows_the_driver_deferred(shards):
             reader._take_made()
             time.sleep(0.05)
         assert not reader.waiting
-        rest = served(src, 299)
+        rest = served(src, 40)  # the buffer's rows and 40 new ones: the queues hold 2 x 4 blocks of 8 rows
         assert tok.texts == 1  # every prompt served since came made from a worker
+        rest += served(src, 259)  # faster than the workers: the driver reads (and makes) some itself
         assert first + rest == served(stream(shards, buffer=16, tokenizer=CountingTokenizer()), 300)
     finally:
         src.close()
@@ -259,6 +261,13 @@ def test_a_stalled_worker_and_a_dead_worker_stop_with_the_key_and_the_fix(shards
     dead = stream(shards, buffer=16, workers=2, tokenizer=SlowTokenizer(exit_code=3), timeout_s=60, driver_reads=False)
     with pytest.raises(DataError, match=r"data worker 0 \(pid \d+\) died with exit code 3 before sending block 0"):
         served(dead, 1)
+    # the driver reading the blocks itself: a worker silent for data.worker_timeout_s still stops the run
+    silent = stream(shards, buffer=16, workers=1, tokenizer=CountingTokenizer(start_s=600), timeout_s=1)
+    deadline = time.monotonic() + 600
+    with pytest.raises(DataError, match=r"data worker 0 \(pid \d+\) sent nothing for 1 s \(data.worker_timeout_s\) while the "
+                                        r"driver read its blocks .* raise data.worker_timeout_s"):
+        while time.monotonic() < deadline:
+            served(silent, 16)
 
 
 def test_hugging_face_dataset_directory_and_arrow_file(tmp_path):

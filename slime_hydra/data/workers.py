@@ -5,15 +5,16 @@ sequence, readers.iter_blocks, and processes only its own), and puts them on its
 (`prefetch` blocks), so the workers stay at most W × prefetch blocks ahead and the driver takes block
 i from queue i mod W: the same events in the same order as with num_workers=0.
 
-The driver never waits for a block that no worker has taken: a block is the driver's or a worker's, as
-whoever takes it first under a shared lock decides (`frontier`: the blocks the driver has passed; a slot
-per block records a worker's claim). Until a worker has started (a spawned worker imports the
-tokenizer's libraries first: seconds) or when the workers fall behind, the driver reads the next block
-itself, as num_workers=0 does (deferring the template and the tokens where it can: readers.py), and the
-worker that owns it skips it. So the first batch never waits for the workers' start, and the workers
-never make the driver slower than reading alone. The rows the driver deferred are made by the workers
-too, when their queues are full (they are otherwise idle): each sends (position, Prompt) of those rows
-on a side queue, and the driver makes only those it serves before theirs arrive.
+The driver never waits for a block (unless it is told to, `driver_reads=False`): when block i is not on
+its worker's queue yet (the worker is still starting: a spawned worker imports the tokenizer's
+libraries first, seconds; or it is behind), the driver reads it itself, as num_workers=0 does
+(deferring the template and the tokens where it can: readers.py), and moves a shared `frontier` past it;
+a worker skips the blocks behind the frontier. So the first batch never waits for the workers' start,
+and the workers never make the driver slower than reading alone. The rows the driver deferred are made
+by the workers anyway: a block the worker was already making arrives late and is used for them, and a
+worker with a full queue (otherwise idle) makes the blocks it skipped and sends (position, Prompt) of
+their rows on a side queue; the driver makes only the rows it serves before theirs arrive. A worker
+that has sent nothing for data.worker_timeout_s while the driver read its blocks is an error too.
 
 Workers are spawned, not forked: the driver may hold CUDA, Ray or torch threads that a fork would copy
 in an unknown state. Every wait on a worker has the deadline data.worker_timeout_s (which also covers
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import multiprocessing as mp
+import os
 import queue
 import time
 import weakref
@@ -34,6 +36,7 @@ from slime_hydra.data.readers import Pending, Pos, Prep, can_defer, finish, iter
 from slime_hydra.errors import DataError
 
 POLL_S = 0.2  # how often a wait checks that the worker is alive
+WORKER_NICE = 5  # workers run this much nicer than the driver
 BACKFILL_BLOCKS = 64  # the driver's deferred blocks a worker keeps to make (the latest; older ones are likely served)
 
 
@@ -43,7 +46,7 @@ def _backfill(block, files: list[DataFile], prep: Prep, side) -> None:
 
 
 def work(w: int, num_workers: int, files: list[DataFile], prep: Prep, start: Pos, block_rows: int, out, side,
-         lock, frontier, slots) -> None:
+         frontier) -> None:
     """A worker's loop (the process target): its blocks' events, in order, until the reader closes."""
     index = -1
     todo: collections.deque = collections.deque(maxlen=BACKFILL_BLOCKS)  # blocks the driver read with deferred rows
@@ -52,11 +55,7 @@ def work(w: int, num_workers: int, files: list[DataFile], prep: Prep, start: Pos
             index = block.index
             if index % num_workers != w:
                 continue
-            with lock:  # the driver's already (it passed it), or this worker's
-                taken = index < frontier.value
-                if not taken:
-                    slots[index % len(slots)] = index + 1
-            if taken:
+            if index < frontier.value:  # the driver has read it
                 if can_defer(prep):
                     todo.append(block)
                 continue
@@ -66,7 +65,8 @@ def work(w: int, num_workers: int, files: list[DataFile], prep: Prep, start: Pos
                     out.put(item, block=not todo)
                     break
                 except queue.Full:
-                    _backfill(todo.popleft(), files, prep, side)
+                    block = todo.popleft()
+                    side.put([(pos, p) for kind, p, pos in process_block(block, files, prep) if kind == "ok"])
     except DataError as e:
         out.put(("error", str(e)))
     except Exception as e:  # noqa: BLE001 - reported to the driver, which stops the run
@@ -86,44 +86,76 @@ def _stop(procs: list, queues: list) -> None:
 
 class WorkerReader:
     """An endless iterator of (events, last) per block, read by `num_workers` processes ahead of the driver.
-    `driver_reads`: the driver reads a block itself when no worker has taken it (module docstring); without,
-    the workers read every block."""
+    `driver_reads`: the driver reads a block itself when it is not on its worker's queue yet (module docstring);
+    without, the driver waits for the workers, which read every block."""
 
     def __init__(self, files: list[DataFile], prep: Prep, start: Pos, num_workers: int, timeout_s: float,
                  block_rows: int = 512, prefetch: int = 4, driver_reads: bool = True):
         ctx = mp.get_context("spawn")
         self.files, self.prep, self.start, self.driver_reads = files, prep, start, driver_reads
         self.num_workers, self.timeout_s, self.next_index = num_workers, timeout_s, 0
-        # a worker claims a block at most num_workers * (prefetch + 2) blocks ahead of the driver: slots never collide
-        self.lock, self.frontier = ctx.Lock(), ctx.RawValue("q", 0)
-        self.slots = ctx.RawArray("q", max(1024, 8 * num_workers * (prefetch + 2)))
+        self.frontier = ctx.RawValue("q", 0)  # blocks before it are the driver's (one writer: no lock)
+        self.heard = [time.monotonic()] * num_workers  # when each worker last sent a block
         self.own_blocks = iter_blocks(files, start, block_rows) if driver_reads else None
         self.read_by_driver = 0  # blocks
         self.waiting: dict[Pos, list[Pending]] = {}  # deferred rows the driver read, by position: a worker makes them too
         self.queues = [ctx.Queue(maxsize=prefetch) for _ in range(num_workers)]
         self.side = ctx.Queue()
         self.procs = [ctx.Process(target=work, args=(w, num_workers, files, prep, start, block_rows, self.queues[w], self.side,
-                                                     self.lock, self.frontier, self.slots),
+                                                     self.frontier),
                                   daemon=True, name=f"slime-hydra-data-{w}") for w in range(num_workers)]
         for p in self.procs:
             p.start()
+            try:  # the driver first: its reads are the ones something waits on (the first batch on a busy box)
+                os.setpriority(os.PRIO_PROCESS, p.pid, min(os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICE, 19))
+            except OSError:
+                pass
         self._finalizer = weakref.finalize(self, _stop, self.procs, self.queues + [self.side])
 
     def __iter__(self):
         return self
 
+    def _made(self, events: list) -> None:
+        """A worker's events of a block the driver read: the Prompts of its deferred rows."""
+        for kind, prompt, pos in events:
+            if kind == "ok":
+                for p in self.waiting.pop(pos, ()):
+                    p.prompt = prompt
+
     def _driver_block(self):
-        """The next block, read in the driver if no worker has taken it; else None."""
+        """Block next_index: from its worker if there already, else read here; None with driver_reads=False."""
         if not self.driver_reads:
             return None
-        i = self.next_index
+        i, w = self.next_index, self.next_index % self.num_workers
         block = next(self.own_blocks)  # the driver walks every block, to read the ones it takes
         assert block.index == i
-        with self.lock:
-            self.frontier.value = i + 1
-            if self.slots[i % len(self.slots)] == i + 1:
-                return None
         self.next_index += 1
+        while True:
+            try:
+                got, payload = self.queues[w].get_nowait()
+            except queue.Empty:
+                break
+            self.heard[w] = time.monotonic()
+            if got == "error":
+                self.close()
+                raise DataError(payload)
+            if got == i:
+                self.frontier.value = i + 1
+                return payload
+            assert got < i, f"data worker {w} sent block {got}, expected {i}"
+            self._made(payload[0])  # a block the driver read before the worker had it
+        self.frontier.value = i + 1
+        p = self.procs[w]
+        if not p.is_alive():
+            self.close()
+            raise DataError(f"data worker {w} (pid {p.pid}) died with exit code {p.exitcode} before sending block {i} of the "
+                            f"stream started at (file, row, byte) {self.start}; set data.num_workers=0 to read in the "
+                            "driver and see the error")
+        if time.monotonic() - self.heard[w] > self.timeout_s:
+            self.close()
+            raise DataError(f"data worker {w} (pid {p.pid}) sent nothing for {self.timeout_s:g} s (data.worker_timeout_s) "
+                            f"while the driver read its blocks (block {i} of the stream started at (file, row, byte) "
+                            f"{self.start}); raise data.worker_timeout_s, or set data.num_workers=0 to read in the driver")
         self.read_by_driver += 1
         events = process_block(block, self.files, self.prep, can_defer(self.prep))
         for kind, payload, pos in events:
@@ -138,9 +170,7 @@ class WorkerReader:
                 made = self.side.get_nowait()
             except queue.Empty:
                 return
-            for pos, prompt in made:
-                for p in self.waiting.pop(pos, ()):
-                    p.prompt = prompt
+            self._made([("ok", prompt, pos) for pos, prompt in made])
 
     def finish(self, items: list) -> list:
         self._take_made()
