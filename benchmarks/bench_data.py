@@ -54,6 +54,14 @@ def generate(path: Path, n: int) -> None:
     tmp.rename(path)
 
 
+def counts(reader, before: dict) -> dict:
+    """With workers: blocks the driver read and rows it templated and tokenized itself (data/workers.py)."""
+    if not hasattr(reader, "made_by_driver"):
+        return before
+    return {"blocks_read_by_driver": before.get("blocks_read_by_driver", 0) + reader.read_by_driver,
+            "rows_made_by_driver": before.get("rows_made_by_driver", 0) + reader.made_by_driver}
+
+
 def child(mode: str, path: str, rows: int, workers: int, batch: int, rollouts: int, rollout_s: float, buffer: int,
           serve: int) -> dict:
     from slime_hydra.config.datafiles import resolve
@@ -93,10 +101,12 @@ def child(mode: str, path: str, rows: int, workers: int, batch: int, rollouts: i
     head = min(serve, rows)
     busy += serve_until(head - batch * (rollouts + 1))
     served, tail = head, 0
+    by_driver: dict = {}
     if mode != "in-memory" and rows > 2 * serve:  # both ends of the file and the epoch's turn (module docstring)
         state = src.state_dict()
         start = rows - serve
         state["stream"]["pos"] = (0, start, start * len(line(0)))
+        by_driver = counts(src.reader, by_driver)
         t = time.perf_counter()
         src.load_state_dict(state)  # the buffer keeps the head's prompts; the reader goes on from `start`
         tail = serve + buffer + batch  # the rest of the file, the drain, a batch of the next epoch
@@ -104,12 +114,13 @@ def child(mode: str, path: str, rows: int, workers: int, batch: int, rollouts: i
         served += tail
         assert src.epoch == 1, src.epoch
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    by_driver = counts(getattr(src, "reader", None), by_driver)
     if hasattr(src, "close"):
         src.close()
     return {"mode": mode, "rows": rows, "served": served, "first_batch_s": first, "first_batch_cpu_s": first_cpu,
             "wait_per_rollout_ms": 1000 * sum(waits) / max(len(waits), 1), "wait_max_ms": 1000 * max(waits, default=0),
             "prompts_per_s": served / busy, "peak_rss_mb": peak / 1024, "rss_over_imports_mb": (peak - base_rss) / 1024,
-            "workers_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+            "workers_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, **by_driver}
 
 
 def main() -> None:

@@ -9,11 +9,11 @@ The driver never waits for a block (unless it is told to, `driver_reads=False`):
 its worker's queue yet (the worker is still starting: a spawned worker imports the tokenizer's
 libraries first, seconds; or it is behind), the driver reads it itself, as num_workers=0 does
 (deferring the template and the tokens where it can: readers.py), and moves a shared `frontier` past it;
-a worker skips the blocks behind the frontier. So the first batch never waits for the workers' start,
+a worker does not send the blocks behind the frontier on its queue. So the first batch never waits for the workers' start,
 and the workers never make the driver slower than reading alone. The rows the driver deferred are made
-by the workers anyway: a block the worker was already making arrives late and is used for them, and a
-worker with a full queue (otherwise idle) makes the blocks it skipped and sends (position, Prompt) of
-their rows on a side queue; the driver makes only the rows it serves before theirs arrive. A worker
+by the workers anyway: a worker makes each of its blocks the driver has read (the last BACKFILL_BLOCKS of
+them, if it is further behind) and sends (position, Prompt) of their rows on a side queue, or the block
+itself if it was on its way; the driver makes only the rows it serves before theirs arrive. A worker
 that has sent nothing for data.worker_timeout_s while the driver read its blocks is an error too.
 
 Workers are spawned, not forked: the driver may hold CUDA, Ray or torch threads that a fork would copy
@@ -24,7 +24,6 @@ and the fix. Workers are daemons, terminated when the reader closes or the drive
 
 from __future__ import annotations
 
-import collections
 import multiprocessing as mp
 import os
 import queue
@@ -37,7 +36,7 @@ from slime_hydra.errors import DataError
 
 POLL_S = 0.2  # how often a wait checks that the worker is alive
 WORKER_NICE = 5  # workers run this much nicer than the driver
-BACKFILL_BLOCKS = 64  # the driver's deferred blocks a worker keeps to make (the latest; older ones are likely served)
+BACKFILL_BLOCKS = 64  # the driver's deferred blocks a worker still makes when behind (older rows are likely served)
 
 
 def _backfill(block, files: list[DataFile], prep: Prep, side) -> None:
@@ -49,24 +48,20 @@ def work(w: int, num_workers: int, files: list[DataFile], prep: Prep, start: Pos
          frontier) -> None:
     """A worker's loop (the process target): its blocks' events, in order, until the reader closes."""
     index = -1
-    todo: collections.deque = collections.deque(maxlen=BACKFILL_BLOCKS)  # blocks the driver read with deferred rows
+    defer = can_defer(prep)
     try:
         for block in iter_blocks(files, start, block_rows):
             index = block.index
             if index % num_workers != w:
                 continue
-            if index < frontier.value:  # the driver has read it
-                if can_defer(prep):
-                    todo.append(block)
+            behind = frontier.value - index  # > 0: the driver has read it, deferring its rows (if it can)
+            if behind > 0 and (not defer or behind > BACKFILL_BLOCKS):
                 continue
-            item = (index, (process_block(block, files, prep), block.last))
-            while True:  # while the queue is full, make the driver's deferred rows
-                try:
-                    out.put(item, block=not todo)
-                    break
-                except queue.Full:
-                    block = todo.popleft()
-                    side.put([(pos, p) for kind, p, pos in process_block(block, files, prep) if kind == "ok"])
+            events = process_block(block, files, prep)
+            if index < frontier.value:  # made for the driver's deferred rows, which are in its buffer
+                side.put((w, [(pos, p) for kind, p, pos in events if kind == "ok"]))
+            else:
+                out.put((index, (events, block.last)))
     except DataError as e:
         out.put(("error", str(e)))
     except Exception as e:  # noqa: BLE001 - reported to the driver, which stops the run
@@ -97,7 +92,7 @@ class WorkerReader:
         self.frontier = ctx.RawValue("q", 0)  # blocks before it are the driver's (one writer: no lock)
         self.heard = [time.monotonic()] * num_workers  # when each worker last sent a block
         self.own_blocks = iter_blocks(files, start, block_rows) if driver_reads else None
-        self.read_by_driver = 0  # blocks
+        self.read_by_driver = self.made_by_driver = 0  # blocks read, rows templated and tokenized in the driver
         self.waiting: dict[Pos, list[Pending]] = {}  # deferred rows the driver read, by position: a worker makes them too
         self.queues = [ctx.Queue(maxsize=prefetch) for _ in range(num_workers)]
         self.side = ctx.Queue()
@@ -170,10 +165,12 @@ class WorkerReader:
                 made = self.side.get_nowait()
             except queue.Empty:
                 return
-            self._made([("ok", prompt, pos) for pos, prompt in made])
+            self.heard[made[0]] = time.monotonic()
+            self._made([("ok", prompt, pos) for pos, prompt in made[1]])
 
     def finish(self, items: list) -> list:
         self._take_made()
+        self.made_by_driver += sum(isinstance(p, Pending) and p.prompt is None for p in items)
         for p in items:  # served: no longer waited for (what `waiting` holds stays within the shuffle buffer)
             if isinstance(p, Pending) and (same := self.waiting.get(p.pos)) is not None:
                 same[:] = [q for q in same if q is not p]
