@@ -25,7 +25,6 @@ and the fix. Workers are daemons, terminated when the reader closes or the drive
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import queue
 import time
 import weakref
@@ -35,7 +34,6 @@ from slime_hydra.data.readers import Pending, Pos, Prep, can_defer, finish, iter
 from slime_hydra.errors import DataError
 
 POLL_S = 0.2  # how often a wait checks that the worker is alive
-WORKER_NICE = 5  # workers run this much nicer than the driver
 BACKFILL_BLOCKS = 64  # the driver's deferred blocks a worker still makes when behind (older rows are likely served)
 
 
@@ -101,10 +99,6 @@ class WorkerReader:
                                   daemon=True, name=f"slime-hydra-data-{w}") for w in range(num_workers)]
         for p in self.procs:
             p.start()
-            try:  # the driver first: its reads are the ones something waits on (the first batch on a busy box)
-                os.setpriority(os.PRIO_PROCESS, p.pid, min(os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICE, 19))
-            except OSError:
-                pass
         self._finalizer = weakref.finalize(self, _stop, self.procs, self.queues + [self.side])
 
     def __iter__(self):
