@@ -7,7 +7,9 @@ fresh process (so its peak memory is its own):
 - driver wait per rollout: the time `next_groups` blocks the driver, with a simulated rollout of
   --rollout-s seconds between batches (the time workers have to read ahead): the mean over --rollouts
   rollouts, over their second half (once the workers have started and made the buffer the driver
-  filled at start), and the longest; with workers, the blocks the driver read and the rows it made itself,
+  filled at start), and the longest, in wall time and in the driver's CPU time (what the workers take
+  off it; on a shared box the wall time also holds the time the driver waits for a core), and the
+  1-minute load average when the mode ended; with workers, the blocks the driver read and the rows it made itself,
 - prompts/s: prompts served divided by the driver's busy time (load + every next_groups call),
 - peak RSS of the driver (and of the workers, reported apart),
 and prints each against the in-memory baseline measured in the same run. Streaming is also measured
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -85,12 +88,13 @@ def child(mode: str, path: str, rows: int, workers: int, batch: int, rollouts: i
                                workers if mode == "streaming+workers" else 0, 600.0)
     src.next_groups(batch)
     first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
-    waits = []
+    waits, cpus = [], []
     for _ in range(rollouts):
         time.sleep(rollout_s)  # the rollout generates; workers read ahead meanwhile
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         src.next_groups(batch)
         waits.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
     busy = first + sum(waits)
 
     def serve_until(n: int) -> float:
@@ -122,6 +126,9 @@ def child(mode: str, path: str, rows: int, workers: int, batch: int, rollouts: i
     return {"mode": mode, "rows": rows, "served": served, "first_batch_s": first, "first_batch_cpu_s": first_cpu,
             "wait_per_rollout_ms": 1000 * sum(waits) / max(len(waits), 1), "wait_max_ms": 1000 * max(waits, default=0),
             "wait_2nd_half_ms": 1000 * sum(waits[len(waits) // 2:]) / max(len(waits) - len(waits) // 2, 1),
+            "wait_cpu_ms": 1000 * sum(cpus) / max(len(cpus), 1),
+            "wait_cpu_2nd_half_ms": 1000 * sum(cpus[len(cpus) // 2:]) / max(len(cpus) - len(cpus) // 2, 1),
+            "loadavg_1min": os.getloadavg()[0],
             "prompts_per_s": served / busy, "peak_rss_mb": peak / 1024, "rss_over_imports_mb": (peak - base_rss) / 1024,
             "workers_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, **by_driver}
 
@@ -177,11 +184,12 @@ def main() -> None:
     print(f"\n{a.rows} rows, batch {a.batch}, {a.rollouts} rollouts of {a.rollout_s} s, buffer {a.buffer}, "
           f"{a.workers} workers; ratio = mode / in-memory at {a.rows} rows")
     print(f"{'mode':<34} {'rows':>9} {'served':>8} {'prompts/s':>9} {'ratio':>6} {'first s':>8} {'cpu s':>7} {'ratio':>7} "
-          f"{'wait ms':>8} {'2nd half':>8} {'max ms':>7} {'peak MB':>8} {'ratio':>6} {'workers MB':>10}")
+          f"{'wait ms':>8} {'2nd half':>8} {'max ms':>7} {'cpu ms':>6} {'2nd half':>8} {'load':>5} {'peak MB':>8} {'ratio':>6} {'workers MB':>10}")
     for mode, r in results.items():
         print(f"{mode:<34} {r['rows']:>9} {r['served']:>8} {r['prompts_per_s']:>9.0f} "
               f"{r['prompts_per_s'] / base['prompts_per_s']:>6.2f} {r['first_batch_s']:>8.2f} {r['first_batch_cpu_s']:>7.2f} "
               f"{r['first_batch_s'] / base['first_batch_s']:>7.4f} {r['wait_per_rollout_ms']:>8.1f} {r['wait_2nd_half_ms']:>8.1f} {r['wait_max_ms']:>7.1f} "
+              f"{r['wait_cpu_ms']:>6.1f} {r['wait_cpu_2nd_half_ms']:>8.1f} {r['loadavg_1min']:>5.1f} "
               f"{r['peak_rss_mb']:>8.0f} {r['peak_rss_mb'] / base['peak_rss_mb']:>6.2f} {r['workers_peak_rss_mb']:>10.0f}")
     s, s10 = results["streaming"], results["streaming@10k"]
     print(f"streaming, {a.rows} rows vs 10k rows: first batch {s['first_batch_s']:.2f} s vs {s10['first_batch_s']:.2f} s; "
