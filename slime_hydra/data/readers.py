@@ -9,6 +9,12 @@ A block becomes events, one per row: ("ok", Prompt), ("bad", ["path:line: proble
 problems `rows.check_row` finds (the in-memory path's words), or ("drop", None) for a prompt longer
 than `data.rollout_max_prompt_len`; each with the position after its row. A block is tokenized in
 one call (a fast tokenizer gives the same ids per text as one call per text).
+
+Deferred rows: without data.rollout_max_prompt_len a row's tokens cannot make it bad, so a reader that
+defers (`defer=True`) checks the row and leaves the chat template and the tokenizer for later: its "ok"
+event carries a `Pending` (the checked row), which `finish` turns into the Prompt when it is served. The
+shuffle buffer then fills at the speed of parsing (the first batch costs shuffle_buffer_size parses and
+one batch of templating and tokenizing), and every prompt is still templated and tokenized once.
 """
 
 from __future__ import annotations
@@ -36,6 +42,17 @@ class Block:
     stop: int = 0  # hf: rows [first_row, stop)
     last: bool = False  # the last block of a pass over every file
     index: int = 0  # blocks since the stream started (which worker reads it)
+
+
+@dataclass
+class Pending:
+    """A checked row whose chat template and tokens are still to come (module docstring); `prompt` is set
+    when a data worker has made it (workers.WorkerReader), so that the driver need not."""
+
+    row: dict  # rows.good_row's
+    text: Optional[str]  # None: the chat template is still to apply
+    pos: Pos
+    prompt: Any = None
 
 
 @dataclass(frozen=True)
@@ -140,8 +157,14 @@ def tokenize(texts: list[str], tokenizer) -> list[list[int]]:
     return [e.ids for e in core.encode_batch(texts, add_special_tokens=False)]
 
 
-def process_block(block: Block, files: list[DataFile], prep: Prep) -> list[tuple[str, Any, Pos]]:
-    """The block's events, in row order (module docstring)."""
+def can_defer(prep: Prep) -> bool:
+    """Whether a row's goodness is known before its tokens (no data.rollout_max_prompt_len to drop by)."""
+    return prep.max_prompt_len is None
+
+
+def process_block(block: Block, files: list[DataFile], prep: Prep, defer: bool = False) -> list[tuple[str, Any, Pos]]:
+    """The block's events, in row order (module docstring); `defer`: "ok" events carry Pendings."""
+    assert not defer or can_defer(prep)
     path = files[block.file_idx].path
     events: list[list] = []
     good: list[tuple[int, dict, str]] = []  # (event index, row, text) of the rows to tokenize
@@ -151,6 +174,10 @@ def process_block(block: Block, files: list[DataFile], prep: Prep) -> list[tuple
             events.append(["bad", [f"{path}:{line}: {p}" for p in found], pos])
             continue
         row = good_row(row, prep.keys, line)
+        if defer:  # a string prompt is checked for the template now (render_text's error), a chat list later
+            text = None if prep.apply_chat_template else render_text(row, prep.tokenizer, False, path, prep.keys.input_key)
+            events.append(("ok", Pending(row, text, pos), pos))
+            continue
         good.append((len(events), row, render_text(row, prep.tokenizer, prep.apply_chat_template, path, prep.keys.input_key)))
         events.append(["ok", None, pos])
     if good:
@@ -163,10 +190,21 @@ def process_block(block: Block, files: list[DataFile], prep: Prep) -> list[tuple
     return [tuple(e) for e in events]
 
 
+def finish(items: list, prep: Prep) -> list:
+    """`items` with every Pending made into its Prompt (the template and the tokenizer in one call each)."""
+    todo = [i for i, p in enumerate(items) if isinstance(p, Pending) and p.prompt is None]
+    if todo:
+        texts = [items[i].text if items[i].text is not None else render_text(
+            items[i].row, prep.tokenizer, True, "", prep.keys.input_key) for i in todo]
+        for i, text, tokens in zip(todo, texts, tokenize(texts, prep.tokenizer)):
+            items[i].prompt = to_prompt(items[i].row, text, tokens)
+    return [p.prompt if isinstance(p, Pending) else p for p in items]
+
+
 @dataclass
 class LocalReader:
     """Blocks read and processed in the calling process (data.num_workers=0): an endless iterator of
-    (events, last) per block."""
+    (events, last) per block, deferring the template and the tokens when it can (module docstring)."""
 
     files: list[DataFile]
     prep: Prep
@@ -182,7 +220,10 @@ class LocalReader:
 
     def __next__(self) -> tuple[list, bool]:
         block = next(self._blocks)
-        return process_block(block, self.files, self.prep), block.last
+        return process_block(block, self.files, self.prep, can_defer(self.prep)), block.last
+
+    def finish(self, items: list) -> list:
+        return finish(items, self.prep)
 
     def close(self) -> None:
         pass

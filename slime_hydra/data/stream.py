@@ -14,6 +14,12 @@ uniform permutation of N rows needs all N (or their offsets) in memory, which is
 avoids. The order is still a pure function of (files, seed, epoch, buffer size): every epoch serves
 each good prompt exactly once, and a prompt moves at most `shuffle_buffer_size` places earlier.
 
+Time to the first batch: the buffer fills before the first prompt is served (the in-memory order needs
+it), so the first batch costs shuffle_buffer_size rows read, whatever the file's size; without
+data.rollout_max_prompt_len the reader defers the chat template and the tokenizer of a row until it is
+served (readers.py), so those rows are only parsed and checked. The epoch's length is not needed (the
+pass ends when the reader reaches the end of the last file), so nothing counts the rows first.
+
 Bad rows: a bad row is met when the reader reaches it, not at load; data.on_bad_row=error stops at the
 first one with the in-memory path's `path:line: problem` lines (the rows after it are not checked yet),
 skip drops it and counts it once (`skipped_rows`, first epoch only).
@@ -40,7 +46,7 @@ from slime_hydra.types import Sample
 
 log = logging.getLogger(__name__)
 
-Reader = Iterator[tuple[list, bool]]  # (events of a block, whether it ends a pass); has close()
+Reader = Iterator[tuple[list, bool]]  # (events of a block, whether it ends a pass); has finish(items) and close()
 
 
 class StreamingPromptSource:
@@ -121,10 +127,12 @@ class StreamingPromptSource:
             self.rng = self._epoch_rng(self.epoch)
 
     def next_groups(self, num_groups: int) -> list[list[Sample]]:
-        groups = []
+        picked = []
         for _ in range(num_groups):
-            p = self._next_prompt()
+            picked.append(self._next_prompt())
             self.offset += 1
+        groups = []
+        for p in self.reader.finish(picked):  # deferred rows: templated and tokenized together, as they are served
             groups.append(prompt_group(p, self.next_group_index, self.n_samples_per_prompt))
             self.next_group_index += 1
         return groups
@@ -178,6 +186,7 @@ def read_head(files: list[DataFile], prep: Prep, n: int, on_bad_row: str, what: 
     out = PromptList()
     while len(out) < n and (p := src._next_row()) is not None:
         out.append(p)
+    out[:] = src.reader.finish(out)
     src.close()
     if not out:
         raise DataError(f"{what}: a whole pass over the data gave no prompt (every row is bad, or longer than "

@@ -20,7 +20,7 @@ import pytest
 from slime_hydra.app.preflight import compose_run
 from slime_hydra.config.datafiles import resolve
 from slime_hydra.data.dataset import Prompt, load_prompts
-from slime_hydra.data.readers import LocalReader, Prep
+from slime_hydra.data.readers import LocalReader, Pending, Prep
 from slime_hydra.data.rows import RowKeys
 from slime_hydra.data.source import PromptSource
 from slime_hydra.data.stream import StreamingPromptSource, streaming_source
@@ -56,11 +56,13 @@ def shards(tmp_path) -> str:
 
 
 def stream(spec: str, buffer: int, seed: int = 3, shuffle: bool = True, workers: int = 0, block_rows: int = 16,
-           max_len=None, on_bad_row: str = "skip", tokenizer=TOK, timeout_s: float = 60) -> StreamingPromptSource:
+           max_len=None, on_bad_row: str = "skip", tokenizer=TOK, timeout_s: float = 60,
+           driver_reads: bool = True) -> StreamingPromptSource:
     files, problems = resolve(spec)
     assert not problems
     prep = Prep(KEYS, tokenizer, False, max_len)
-    opener = (functools.partial(WorkerReader, files, prep, num_workers=workers, timeout_s=timeout_s, block_rows=block_rows)
+    opener = (functools.partial(WorkerReader, files, prep, num_workers=workers, timeout_s=timeout_s, block_rows=block_rows,
+                                driver_reads=driver_reads)
               if workers else functools.partial(LocalReader, files, prep, block_rows=block_rows))
     return StreamingPromptSource(opener, 1, shuffle, seed, buffer, on_bad_row)
 
@@ -129,14 +131,14 @@ def test_memory_holds_the_buffer_and_one_block_over_200k_rows(tmp_path):
         for a in range(200_000):
             f.write(f'{{"prompt": "{a}+1=", "label": "{a + 1}"}}\n')
     gc.collect()
-    before = sum(isinstance(o, Prompt) for o in gc.get_objects())
+    before = sum(isinstance(o, (Prompt, Pending)) for o in gc.get_objects())
     src = stream(str(path), buffer=1000, block_rows=512)
     held = []
     for i in range(200):
         src.next_groups(1000)  # the groups are dropped at once, as the loop trains on them
         if i % 40 == 39:
             gc.collect()
-            held.append(sum(isinstance(o, Prompt) for o in gc.get_objects()) - before)
+            held.append(sum(isinstance(o, (Prompt, Pending)) for o in gc.get_objects()) - before)
     assert src.epoch == 0 and src.offset == 200_000
     # the buffer (1000) and at most one block of events (512) are alive, whatever the position in the file
     assert max(held) <= 1000 + 512 + 8, held
@@ -168,15 +170,104 @@ class SlowTokenizer:
         return {"input_ids": [[ord(c) for c in t] for t in texts]}
 
 
+class CountingTokenizer(SlowTokenizer):
+    """Counts the texts it tokenizes in this process; `start_s`: a copy unpickled in a worker sleeps that long first
+    (a worker slow to start)."""
+
+    def __init__(self, start_s: float = 0.0):
+        super().__init__()
+        self.start_s, self.texts = start_s, 0
+
+    def __call__(self, texts, add_special_tokens=False):
+        self.texts += len(texts)
+        return super().__call__(texts)
+
+    def __reduce__(self):
+        return _started_tokenizer, (self.start_s,)
+
+
+def _started_tokenizer(start_s: float) -> CountingTokenizer:
+    time.sleep(start_s)
+    return CountingTokenizer()
+
+
+def test_the_first_batch_tokenizes_the_batch_not_the_buffer(shards):
+    """Without data.rollout_max_prompt_len the buffer fills with checked rows; the template and the tokenizer run on
+    the prompts served, once each; the stream is the one that tokenizes every row as it is read."""
+    deferred, eager = CountingTokenizer(), CountingTokenizer()
+    src = stream(shards, buffer=64, tokenizer=deferred)
+    first = served(src, 4)
+    assert deferred.texts == 4  # 68+ rows read, 4 tokenized
+    dropping = stream(shards, buffer=64, tokenizer=eager, max_len=10**6)  # a limit no prompt reaches: read = tokenized
+    assert served(dropping, 4) == first and eager.texts >= 68
+    assert served(src, 400) == served(dropping, 400)  # three epochs on
+    assert deferred.texts == 404
+
+
+def test_chat_rows_deferred_equal_the_in_memory_prompts(tmp_path):
+    chat = [json.dumps({"prompt": [{"role": "user", "content": f"{a}+{a % 5}="}], "label": str(a + a % 5)}) for a in range(90)]
+    path = write(tmp_path / "chat.jsonl", chat)
+    mem = load_prompts(path, TOK, "prompt", "label", apply_chat_template=True)
+    files, _ = resolve(path)
+    for workers in (0, 2):
+        src = streaming_source(files, Prep(KEYS, TOK, True), 1, True, 3, 90, "error", workers, 60)
+        try:
+            assert served(src, 200) == served(PromptSource(mem, 1, True, 3), 200)
+        finally:
+            src.close()
+
+
+def test_the_driver_reads_while_the_workers_start(shards):
+    """Workers that take 600 s to start (unpickling their tokenizer) hold nothing up: the driver reads every block
+    itself, without waiting for them, and serves the stream num_workers=0 serves."""
+    src = stream(shards, buffer=16, workers=2, tokenizer=CountingTokenizer(start_s=600), timeout_s=600)
+    try:
+        assert served(src, 300) == served(stream(shards, buffer=16, tokenizer=CountingTokenizer()), 300)
+        assert src.reader.read_by_driver == src.reader.next_index > 0
+    finally:
+        src.close()
+
+
+def test_workers_make_the_rows_the_driver_deferred(shards):
+    """The driver reads the first batch's blocks (the workers take 2 s to start) with their rows deferred; once
+    started, the workers make those rows too, and the driver then tokenizes nothing it serves while the workers
+    are ahead."""
+    tok = CountingTokenizer(start_s=2)
+    src = stream(shards, buffer=16, workers=2, tokenizer=tok, block_rows=8)
+    try:
+        first = served(src, 1)
+        reader = src.reader
+        assert reader.read_by_driver >= 3 and tok.texts == 1  # 17+ rows read by the driver, one served
+        deadline = time.monotonic() + 600  # a spawned worker imports this module first: seconds, a minute on a busy box
+        while reader.waiting and time.monotonic() < deadline:  # the workers' queues fill, then they make the rest
+            reader._take_made()
+            time.sleep(0.05)
+        assert not reader.waiting
+        rest = served(src, 40)  # the buffer's rows and 40 new ones: the queues hold 2 x 4 blocks of 8 rows
+        assert tok.texts == 1  # every prompt served since came made from a worker
+        rest += served(src, 259)  # faster than the workers: the driver reads (and makes) some itself
+        assert first + rest == served(stream(shards, buffer=16, tokenizer=CountingTokenizer()), 300)
+    finally:
+        src.close()
+
+
 def test_a_stalled_worker_and_a_dead_worker_stop_with_the_key_and_the_fix(shards):
-    stalled = stream(shards, buffer=16, workers=1, tokenizer=SlowTokenizer(seconds=600), timeout_s=3)
+    # the workers read every block (by default the driver reads the blocks no worker has taken yet: maybe all)
+    stalled = stream(shards, buffer=16, workers=1, tokenizer=SlowTokenizer(seconds=600), timeout_s=3, driver_reads=False)
     with pytest.raises(DataError, match=r"data worker 0 \(pid \d+\) sent nothing for 3 s \(data.worker_timeout_s\) while "
                                         r"reading block 0 .* raise data.worker_timeout_s, or set data.num_workers=0"):
         served(stalled, 1)
     assert not any(p.is_alive() for p in stalled.reader.procs) if stalled.reader else True
-    dead = stream(shards, buffer=16, workers=2, tokenizer=SlowTokenizer(exit_code=3), timeout_s=60)
+    dead = stream(shards, buffer=16, workers=2, tokenizer=SlowTokenizer(exit_code=3), timeout_s=60, driver_reads=False)
     with pytest.raises(DataError, match=r"data worker 0 \(pid \d+\) died with exit code 3 before sending block 0"):
         served(dead, 1)
+    # the driver reading the blocks itself: a worker silent for data.worker_timeout_s still stops the run
+    silent = stream(shards, buffer=16, workers=1, tokenizer=CountingTokenizer(start_s=600), timeout_s=1)
+    deadline = time.monotonic() + 600
+    with pytest.raises(DataError, match=r"data worker 0 \(pid \d+\) sent nothing for 1 s \(data.worker_timeout_s\) while the "
+                                        r"driver read its blocks .* raise data.worker_timeout_s"):
+        while time.monotonic() < deadline:
+            served(silent, 16)
 
 
 def test_hugging_face_dataset_directory_and_arrow_file(tmp_path):
