@@ -21,9 +21,7 @@ from slime_hydra.app.inputs import assemble, build_source, make_tracker, prepare
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.engine.checkpoint import resume_hint
 from slime_hydra.engine.components import Components, restore
-from slime_hydra.errors import UserError
 from slime_hydra.protocols import PromptSource, RolloutBackend
-from slime_hydra.rollout.sglang.checks import weight_sync_mode
 from slime_hydra.training.specs import AlgorithmSpecs
 
 
@@ -100,10 +98,6 @@ def sglang_rollout(cfg: RunConfig, pg, layout, trainer, tokenizer, calls, output
     from slime_hydra.orchestration.sglang_engines import RayLauncher, RaySGLangRollout, SaveThroughRank0
 
     c = cfg.cluster
-    if layout.use_gpu and weight_sync_mode(cfg.rollout.weight_sync, c.colocate) == "distributed":
-        raise UserError("rollout.weight_sync=distributed (the default with cluster.colocate=false) under cluster.backend=ray on "
-                        "GPUs would open the NCCL update group from the driver, which holds no GPU; set "
-                        "rollout.weight_sync=disk (or tensor), or cluster.colocate=true")
     offload = c.offload_rollout if c.offload_rollout is not None else c.colocate
     return RaySGLangRollout(cfg.rollout, SaveThroughRank0(trainer, tokenizer), tokenizer, num_engines=len(layout.engine_bundles),
                             tp_size=c.rollout_num_gpus_per_engine, seed=cfg.seed, dtype=cfg.model.dtype,
