@@ -114,6 +114,62 @@ def versions_of(history) -> list[float]:
 SHORT = ["warmstart.steps=0", "num_rollout=2", "eval.eval_interval=null", "rollout.rollout_batch_size=8", "train.micro_batch_size=16"]
 
 
+# The tests that start their own components come first: the module's disaggregated components hold all 4 CPUs of the
+# cluster until the module ends.
+def test_colocated_syncs_from_tensors_every_update_equal(cluster, tmp_path):
+    """cluster.colocate=true: each engine shares a train rank's bundle (2 bundles); weights go from tensors (shared-memory
+    handles on CPU) in buckets. 2 rollouts, every sync checked equal; log-probs as in the disaggregated case."""
+    from slime_hydra.engine import loop
+
+    args = [*COMMON, *RAY, "cluster.colocate=true", *SHORT]
+    t0 = time.monotonic()
+    cfg, c = built(tmp_path, args)
+    try:
+        r = c.rollout
+        assert r.mode == "tensor" and r.group.launcher.layout.num_bundles == 2
+        assert sorted(b for bs in r.group.launcher.layout.engine_bundles for b in bs) == [0, 1]  # the train ranks' bundles
+        lp = first_step_log_probs(args, cfg, c)
+        history = loop.run(cfg, c, str(tmp_path / "ckpt"))
+        print(f"colocated: {time.monotonic() - t0:.0f} s; {lp}")
+        assert lp["tokens"] > 0 and lp["ray_vs_local"] < 1e-4 and lp["ray_vs_engine"] < 1e-2, lp
+        assert versions_of(history) == [0.0, 1.0] and r.weight_version == 2 == r.synced_version
+        from slime_hydra.rollout.sglang import weights as W
+
+        named = list(c.trainer.named_weights())
+        for e in r.group.engines:
+            assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)
+    finally:
+        c.rollout.shutdown()
+
+
+# Learning: the warm start test_sglang.py uses (340 SFT steps, here on the megatron ranks), then GRPO rollouts of the
+# experiment's size (32 prompts x 8) through the two engines, disaggregated; its bounds (EVAL_RISE_MIN, REWARD_RISE_MIN)
+LEARN_ROLLOUTS = 30
+
+
+@pytest.mark.slow
+def test_disaggregated_grpo_learns(cluster, tmp_path):
+    from slime_hydra.engine import loop
+    from tests.test_sglang import EVAL_RISE_MIN, REWARD_RISE_MIN, fitted_rise
+
+    args = [*COMMON, *RAY, "cluster.colocate=false", "warmstart.steps=340", f"num_rollout={LEARN_ROLLOUTS}",
+            f"eval.eval_interval={LEARN_ROLLOUTS}"]
+    t0 = time.monotonic()
+    cfg, c = built(tmp_path, args)
+    try:
+        history = loop.run(cfg, c, str(tmp_path / "ckpt"))
+    finally:
+        c.rollout.shutdown()
+    rewards, evals = rewards_of(history), eval_of(history)
+    print(f"learning: {time.monotonic() - t0:.0f} s; eval {evals}; reward fitted rise {fitted_rise(rewards):+.3f}; "
+          f"rewards {[round(x, 3) for x in rewards]}")
+    assert versions_of(history) == [float(k) for k in range(LEARN_ROLLOUTS)]  # every sync checked equal, or the run raised
+    (s0, first), (s1, last) = evals
+    assert (s0, s1) == (0, LEARN_ROLLOUTS)
+    assert last - first > EVAL_RISE_MIN, evals
+    assert fitted_rise(rewards) >= REWARD_RISE_MIN, rewards
+
+
 @pytest.fixture(scope="module")
 def disaggregated(cluster, tmp_path_factory):
     """2 rollouts, disaggregated (cluster.colocate=false: weights over one gloo update group per engine, from the driver),
@@ -193,57 +249,3 @@ def test_killed_engine_actor_mid_rollout_loses_and_duplicates_nothing(disaggrega
     assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)  # resynced before it served again
     body = {"input_ids": [10, 11, 12], "sampling_params": {"max_new_tokens": 2}}
     assert httpx.post(e.url + "/generate", json=body, timeout=60).json()["meta_info"]["weight_version"] == str(r.weight_version)
-
-
-def test_colocated_syncs_from_tensors_every_update_equal(cluster, tmp_path):
-    """cluster.colocate=true: each engine shares a train rank's bundle (2 bundles); weights go from tensors (shared-memory
-    handles on CPU) in buckets. 2 rollouts, every sync checked equal; log-probs as in the disaggregated case."""
-    from slime_hydra.engine import loop
-
-    args = [*COMMON, *RAY, "cluster.colocate=true", *SHORT]
-    t0 = time.monotonic()
-    cfg, c = built(tmp_path, args)
-    try:
-        r = c.rollout
-        assert r.mode == "tensor" and r.group.launcher.layout.num_bundles == 2
-        assert sorted(b for bs in r.group.launcher.layout.engine_bundles for b in bs) == [0, 1]  # the train ranks' bundles
-        lp = first_step_log_probs(args, cfg, c)
-        history = loop.run(cfg, c, str(tmp_path / "ckpt"))
-        print(f"colocated: {time.monotonic() - t0:.0f} s; {lp}")
-        assert lp["tokens"] > 0 and lp["ray_vs_local"] < 1e-4 and lp["ray_vs_engine"] < 1e-2, lp
-        assert versions_of(history) == [0.0, 1.0] and r.weight_version == 2 == r.synced_version
-        from slime_hydra.rollout.sglang import weights as W
-
-        named = list(c.trainer.named_weights())
-        for e in r.group.engines:
-            assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)
-    finally:
-        c.rollout.shutdown()
-
-
-# Learning: the warm start test_sglang.py uses (340 SFT steps, here on the megatron ranks), then GRPO rollouts of the
-# experiment's size (32 prompts x 8) through the two engines, disaggregated; its bounds (EVAL_RISE_MIN, REWARD_RISE_MIN)
-LEARN_ROLLOUTS = 30
-
-
-@pytest.mark.slow
-def test_disaggregated_grpo_learns(cluster, tmp_path):
-    from slime_hydra.engine import loop
-    from tests.test_sglang import EVAL_RISE_MIN, REWARD_RISE_MIN, fitted_rise
-
-    args = [*COMMON, *RAY, "cluster.colocate=false", "warmstart.steps=340", f"num_rollout={LEARN_ROLLOUTS}",
-            f"eval.eval_interval={LEARN_ROLLOUTS}"]
-    t0 = time.monotonic()
-    cfg, c = built(tmp_path, args)
-    try:
-        history = loop.run(cfg, c, str(tmp_path / "ckpt"))
-    finally:
-        c.rollout.shutdown()
-    rewards, evals = rewards_of(history), eval_of(history)
-    print(f"learning: {time.monotonic() - t0:.0f} s; eval {evals}; reward fitted rise {fitted_rise(rewards):+.3f}; "
-          f"rewards {[round(x, 3) for x in rewards]}")
-    assert versions_of(history) == [float(k) for k in range(LEARN_ROLLOUTS)]  # every sync checked equal, or the run raised
-    (s0, first), (s1, last) = evals
-    assert (s0, s1) == (0, LEARN_ROLLOUTS)
-    assert last - first > EVAL_RISE_MIN, evals
-    assert fitted_rise(rewards) >= REWARD_RISE_MIN, rewards
