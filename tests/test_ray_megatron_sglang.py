@@ -111,6 +111,8 @@ def versions_of(history) -> list[float]:
     return [m["rollout/weight_version"] for _, m in history if "rollout/weight_version" in m]
 
 
+# The default tier (same VM, same load): the disaggregated fixture 379 s (the engines' start most of it), the kill 196 s,
+# the colocated case 311 s
 SHORT = ["warmstart.steps=0", "num_rollout=2", "eval.eval_interval=null", "rollout.rollout_batch_size=8", "train.micro_batch_size=16"]
 
 
@@ -144,6 +146,8 @@ def test_colocated_syncs_from_tensors_every_update_equal(cluster, tmp_path):
 
 # Learning: the warm start test_sglang.py uses (340 SFT steps, here on the megatron ranks), then GRPO rollouts of the
 # experiment's size (32 prompts x 8) through the two engines, disaggregated; its bounds (EVAL_RISE_MIN, REWARD_RISE_MIN)
+# One run (2026-12-03, this 2-core VM at load ~11, 551 s): held-out 0.650 -> 0.785, reward fitted rise +0.125 over the
+# 30 rollouts (test_sglang.py's torch runs: +0.122 and +0.131 on average over 50)
 LEARN_ROLLOUTS = 30
 
 
