@@ -21,9 +21,7 @@ from slime_hydra.app.inputs import assemble, build_source, make_tracker, prepare
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.engine.checkpoint import resume_hint
 from slime_hydra.engine.components import Components, restore
-from slime_hydra.errors import UserError
 from slime_hydra.protocols import PromptSource, RolloutBackend
-from slime_hydra.rollout.sglang.checks import ray_gpu_sync_problem
 from slime_hydra.training.specs import AlgorithmSpecs
 
 
@@ -100,8 +98,6 @@ def sglang_rollout(cfg: RunConfig, pg, layout, trainer, tokenizer, calls, output
     from slime_hydra.orchestration.sglang_engines import RayLauncher, RaySGLangRollout, SaveThroughRank0
 
     c = cfg.cluster
-    if layout.use_gpu and (problem := ray_gpu_sync_problem(cfg.rollout.weight_sync, c.colocate)):
-        raise UserError(problem)
     offload = c.offload_rollout if c.offload_rollout is not None else c.colocate
     return RaySGLangRollout(cfg.rollout, SaveThroughRank0(trainer, tokenizer), tokenizer, num_engines=len(layout.engine_bundles),
                             tp_size=c.rollout_num_gpus_per_engine, seed=cfg.seed, dtype=cfg.model.dtype,

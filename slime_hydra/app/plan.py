@@ -7,8 +7,8 @@ megatron groups are megatron's own RankGenerator with the order the ranks use (t
 parallel.py); the weight-sync mode is the engines' (rollout/sglang/checks.weight_sync_mode). What the
 plan adds is only the printing. Two kinds of problem do not stop it: paths absent on this machine (a
 recipe's checkpoint and data on the cluster it is for; errors.Missing), listed under "missing:", and
-what the Ray engine does not drive yet (config/validate_ray.NOT_YET at validation; on GPUs,
-rollout/sglang/checks.ray_gpu_sync_problem at launch), listed under "not runnable yet:". Every other
+what the Ray engine does not drive yet (config/validate_ray.NOT_YET, refused at validation), listed
+under "not runnable yet:". Every other
 problem exits 2 with the usual message, as a run would.
 
 Node and GPU numbers assume identical nodes of `gpus_per_node` GPUs (`--gpus-per-node`; by default
@@ -30,7 +30,7 @@ from slime_hydra.config.schema import RunConfig
 from slime_hydra.config.validate_ray import NOT_YET
 from slime_hydra.errors import ConfigError, Missing, UserError
 from slime_hydra.orchestration.placement import Layout, layout_problems, plan_layout, resolve_use_gpu
-from slime_hydra.rollout.sglang.checks import num_engines, ray_gpu_sync_problem, weight_sync_mode
+from slime_hydra.rollout.sglang.checks import num_engines, weight_sync_mode
 
 USAGE = ("usage: slime-hydra plan [group=option ...] [key=value ...] [--gpus-per-node N] [--config-name NAME]\n"
          "  prints the placement plan of that run (bundles, ranks and their TP/PP/DP groups, engines, memory, weight sync)\n"
@@ -58,9 +58,6 @@ def plan_text(overrides: list[str], config_name: str = "config", gpus_per_node: 
     """The plan, or ConfigError (exit 2) for a bad config or a layout that nodes of `gpus_per_node` cannot hold."""
     cfg, missing, not_yet = compose_for_plan(overrides, config_name)
     nodes = Nodes.of(cfg, gpus_per_node)
-    c = cfg.cluster
-    if c.backend == "ray" and cfg.rollout.backend == "sglang" and nodes.kind == "GPU":  # build_ray refuses it at launch
-        not_yet += [p for p in [ray_gpu_sync_problem(cfg.rollout.weight_sync, c.colocate)] if p]
     what = " ".join(overrides) or "the default config"
     lines = [f"plan of {what} (nothing started: no Ray, no model, no data read)"]
     lines += cluster_lines(cfg, nodes) + train_lines(cfg, nodes) + rollout_lines(cfg, nodes) + memory_lines(cfg) + sync_lines(cfg)

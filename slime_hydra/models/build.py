@@ -65,4 +65,7 @@ def build_model(model: ModelConfig, tokenizer, seed: int) -> torch.nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         net = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    # what save_pretrained would write: a config saved on its own (megatron's save_hf, the engines' start under Ray)
+    # must name the class for SGLang / transformers to load it
+    net.config.architectures = [type(net).__name__]
     return net

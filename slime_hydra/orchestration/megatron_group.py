@@ -9,12 +9,13 @@ and every trainer method is a collective over the TP/PP/DP groups (a rank that s
 others waiting in it), so every call goes to every rank. The backend returns the step's metrics, the SFT
 loss and log-probs on every rank (broadcast from the last pipeline stage), so rank 0 answers. Weights for the
 rollout engines are every stage's TP-gathered Hugging Face tensors, gathered onto the first stage: rank 0's
-result goes into the object store and the rollout manager hands the reference to its engines. Checkpoints
+result goes into the object store, and the rollout manager hands the reference to its engines (rollout=local) or the
+driver fetches it and sends it to the SGLang engines in buckets (rollout=sglang: orchestration/sglang_engines.py). Checkpoints
 are the backend's: HF weights written by one rank per stage, and megatron's distributed format written by
 every rank (save_checkpoint / load_checkpoint: nothing of the trainer in state.pt).
 
 Every wait has the deadline `cluster.ray_call_timeout_s` (orchestration/calls.py). Left out here: the critic
-(PPO), SGLang engines and bucketed / IPC weight transfer (issue 22's next slices; validation refuses them).
+(PPO) and weights sent by the ranks themselves (CUDA IPC, an NCCL update group: issue 22's next slices).
 """
 
 from __future__ import annotations

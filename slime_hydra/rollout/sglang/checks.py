@@ -18,15 +18,6 @@ def weight_sync_mode(weight_sync: str, colocate: bool) -> str:
     return weight_sync if weight_sync != "auto" else ("tensor" if colocate else "distributed")
 
 
-def ray_gpu_sync_problem(weight_sync: str, colocate: bool) -> str | None:
-    """What cluster.backend=ray on GPUs refuses at launch (app/build_ray.py; `slime-hydra plan` lists it too)."""
-    if weight_sync_mode(weight_sync, colocate) != "distributed":
-        return None
-    return ("rollout.weight_sync=distributed (the default with cluster.colocate=false) under cluster.backend=ray on "
-            "GPUs would open the NCCL update group from the driver, which holds no GPU; set "
-            "rollout.weight_sync=disk (or tensor), or cluster.colocate=true")
-
-
 def num_engines(c: ClusterConfig) -> int:
     gpus = c.rollout_num_gpus if c.rollout_num_gpus is not None else c.actor_num_nodes * c.actor_num_gpus_per_node
     return max(gpus // max(c.rollout_num_gpus_per_engine, 1), 1)
