@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Optional
 
 import torch
 
-from slime_hydra.config.plugins import check_target, import_target
+from slime_hydra.config.plugins import check_target, import_target, load_target
 from slime_hydra.protocols import RolloutBackend
 from slime_hydra.types import Sample, SamplingParams, Status
 
@@ -53,12 +52,10 @@ def as_node(spec: Any) -> dict:
 
 
 def load_hook(spec: Any) -> Callable[..., Awaitable[Sample]]:
-    from hydra.utils import get_method
-
-    node = as_node(spec)
-    fn = get_method(node["_target_"])
-    kwargs = {k: v for k, v in node.items() if k != "_target_"}
-    return functools.partial(fn, **kwargs) if kwargs else fn
+    """A dotted path or a `_target_` node -> the hook with its keys bound (config/plugins.load_target)."""
+    hook = load_target(as_node(spec))
+    assert hook is not None, "an unset hook is not loaded"  # callers check the spec first
+    return hook
 
 
 def check_generate(key: str, spec: Any, problems: list[str]) -> None:

@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable, Optional, TypeVar
 
 from slime_hydra.aio import run_sync
+from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import RewardConfig
 from slime_hydra.errors import RunError, UserError
 from slime_hydra.rewards.remote import RemoteRewardModel
@@ -64,10 +65,7 @@ class RewardScorer:
         self.reward_key = reward_key if reward_key is not None else cfg.reward_key
         self.custom = None
         if cfg.custom_rm:
-            from hydra.utils import get_method
-
-            self.custom = get_method(cfg.custom_rm["_target_"])
-            self.custom_kwargs = {k: v for k, v in cfg.custom_rm.items() if k != "_target_"}
+            self.custom = load_target(cfg.custom_rm)  # its keys bound (inspect still sees an async def through the partial)
         self.remote = (RemoteRewardModel(cfg.rm_url, cfg.rm_concurrency, cfg.rm_timeout_s, cfg.rm_max_retries,
                                          cfg.rm_retry_backoff_s, cfg.rm_on_failure, cfg.rm_failure_score)
                        if cfg.rm_url else None)
@@ -106,8 +104,8 @@ class RewardScorer:
     async def _custom(self, samples: list[Sample]) -> list:
         """custom_rm within reward.custom_rm_timeout_s. An async function is awaited with that deadline; a sync
         one runs with it too (samples in order, the event loop waiting, exactly as an inline call would)."""
-        f, kw, t = self.custom, self.custom_kwargs, self.cfg.custom_rm_timeout_s
-        call = (lambda: f(samples, **kw)) if self.cfg.group_rm else (lambda: [f(s, **kw) for s in samples])
+        f, t = self.custom, self.cfg.custom_rm_timeout_s
+        call = (lambda: f(samples)) if self.cfg.group_rm else (lambda: [f(s) for s in samples])
         try:
             if inspect.iscoroutinefunction(f):
                 return list(await asyncio.wait_for(call() if self.cfg.group_rm else asyncio.gather(*call()), t))
