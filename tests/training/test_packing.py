@@ -158,7 +158,7 @@ def test_packed_split_invariance():
 
 def test_the_packed_budget_counts_real_tokens():
     # rows of 9, 9, 7, 6, 7, 6, 6, 6 tokens, budget 16. Padded (rows x longest): [9] [9] [7, 7] [6, 6] [6, 6]
-    # (tests/test_microbatch.py). Packed (sums), LPT from k = max(ceil(56 / 16), two rows above 8) = 4: 9 | 9 | 7 | 7;
+    # (tests/training/test_microbatch.py). Packed (sums), LPT from k = max(ceil(56 / 16), two rows above 8) = 4: 9 | 9 | 7 | 7;
     # 6 (row 3) -> the 7s tie, lower bin -> 13; 6 (row 5) -> 13; 6 (row 6) -> 15; 6 (row 7) -> 15: 4 micro-batches
     algo = AlgorithmConfig()
     batch = make_batch()
