@@ -49,19 +49,23 @@ def init_process_group(rank: int, world_size: int, init_method: str, device: tor
         _timeout_s[0] = timeout_s
 
 
+def _failed(e: RuntimeError, what: str, rank: int | None, timeout_s: float | None) -> RunError:
+    """A failed rendezvous or collective (timed out, or a peer gone) as a RunError naming it, the rank and the key."""
+    r = dist.get_rank() if rank is None else rank
+    t = _timeout_s[0] if timeout_s is None else timeout_s
+    first = (str(e).strip().splitlines() or [repr(e)])[0][:300]
+    why = (f"did not complete within {KEY}={t:g} s ({first}): another rank is stuck or gone; raise {KEY} if it is "
+           "only slow" if "timed out" in str(e).lower() else f"failed: {first}")
+    return RunError(f"{what} on rank {r} {why}.")
+
+
 @contextlib.contextmanager
 def collective(what: str, rank: int | None = None, timeout_s: float | None = None) -> Iterator[None]:
-    """A failed rendezvous or collective (timed out, or a peer gone) as a RunError naming it, the rank and the key."""
+    """Around a collective alone: any RuntimeError of it (torch.distributed's errors are RuntimeErrors) is its failure."""
     try:
         yield
-    except RuntimeError as e:  # torch.distributed's errors (DistError, DistStoreError, gloo's) are RuntimeErrors
-        r = dist.get_rank() if rank is None else rank
-        t = _timeout_s[0] if timeout_s is None else timeout_s
-        first = (str(e).strip().splitlines() or [repr(e)])[0][:300]
-        timed_out = "timed out" in str(e).lower()
-        why = (f"did not complete within {KEY}={t:g} s ({first}): another rank is stuck or gone; raise {KEY} if it is "
-               "only slow" if timed_out else f"failed: {first}")
-        raise RunError(f"{what} on rank {r} {why}.") from e
+    except RuntimeError as e:
+        raise _failed(e, what, rank, timeout_s) from e
 
 
 @contextlib.contextmanager
@@ -71,10 +75,9 @@ def collective_failures(what: str, rank: int) -> Iterator[None]:
     try:
         yield
     except RuntimeError as e:
-        if not (isinstance(e, dist.DistError) or "timed out" in str(e).lower()):
-            raise
-        with collective(what, rank):
-            raise
+        if isinstance(e, dist.DistError) or "timed out" in str(e).lower():
+            raise _failed(e, what, rank, None) from e
+        raise
 
 
 def all_reduce_sum(value: float, device: torch.device) -> float:

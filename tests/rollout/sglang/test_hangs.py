@@ -5,6 +5,7 @@ naming the request and the key, not a bare httpx traceback and not a hang."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,26 +20,45 @@ from slime_hydra.rollout.sglang.client import RouterClient, SGLangRequestError
 from slime_hydra.types import SamplingParams
 
 
-@pytest.fixture
-def silent_server():
-    """Reads each request, then answers nothing until the test ends."""
+@contextlib.contextmanager
+def silent_on_post(answer_get: bool):
+    """A real HTTP server on loopback that reads each POST and answers nothing until the test ends; with
+    `answer_get`, every GET gets 200 `{}` (an engine that is up: /health, the server info the router asks for)."""
     release = threading.Event()
 
-    class Silent(BaseHTTPRequestHandler):
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if not answer_get:
+                return self.send_error(404)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
         def do_POST(self):
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            release.wait(60)
+            release.wait(120)
 
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Silent)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    release.set()
-    server.shutdown()
-    server.server_close()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def silent_server():
+    """Reads each request, then answers nothing until the test ends."""
+    with silent_on_post(answer_get=False) as url:
+        yield url
 
 
 def test_a_weight_sync_request_that_hangs_fails_at_its_deadline_naming_the_key(silent_server):
@@ -94,31 +114,9 @@ def test_an_engine_that_does_not_start_in_time_fails_naming_the_key_and_leaves_n
 
 @pytest.fixture
 def engine_that_does_not_generate():
-    """Up (every GET answers 200 with `{}`: /health, the server info the router asks for) but silent on /generate."""
-    release = threading.Event()
-
-    class UpButSilent(BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"{}")
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            release.wait(120)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), UpButSilent)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    release.set()
-    server.shutdown()
-    server.server_close()
+    """Up (every GET answers 200 with `{}`) but silent on /generate."""
+    with silent_on_post(answer_get=True) as url:
+        yield url
 
 
 def test_a_router_that_does_not_route_fails_at_the_start_deadline_naming_the_key(engine_that_does_not_generate, tmp_path):
