@@ -6,6 +6,10 @@
 #   parts: setup       pip-install .gpuwhl and .whl into /tmp/site (and sglang from .sgl/10 when carried)
 #          ckpt        the random HF checkpoint the experiments' model.hf_checkpoint names
 #          megatron | megatron-resume | torch | torch-resume | offload    one run each, into $ROOT/<part>
+#          ray | local | ray-resume   issue 22: the megatron experiment under cluster.backend=ray and in one process
+#                      (20 rollouts, a short warm start, save every 10, every sync checked), the ray run resumed from 10
+#          mix         issue 24: benchmarks/gpu/issue24_mix.sh into $ROOT/mix
+# Every run is stopped after RUN_CAP_S seconds (default 900; SIGINT, then SIGKILL 30 s later).
 #          report      benchmarks/gpu/issue19_report.py over $ROOT -> $ROOT/report.json, report.md
 #          bg PART...  the parts in order, detached (setsid), progress in $ROOT/progress.log
 #          wait S      until the detached parts finish or S seconds pass; then report, and logs to $OUT
@@ -17,6 +21,7 @@ ROOT=${ROOT:-/tmp/i19}
 MEG=grpo/qwen3-0.6b-addition-1n1g-megatron-sglang-colocate-v1
 TOR=grpo/qwen3-0.6b-addition-1n1g-torch-sglang-colocate-v1
 COMMON="num_rollout=40 save_interval=20 rollout.check_weight_update_equal=true logger=tensorboard logger.progress_bar=false"
+I22="num_rollout=20 save_interval=10 eval.eval_interval=10 warmstart.steps=200 warmstart.min_steps=200 rollout.check_weight_update_equal=true logger=tensorboard logger.progress_bar=false"
 mkdir -p "$ROOT"
 export PYTHONPATH=/tmp/sgl-site:/tmp/sgl-sc:/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
@@ -39,7 +44,7 @@ run() {  # run NAME overrides...: one CLI run into $ROOT/NAME, its launch time a
   rm -rf "$dir"; mkdir -p "$dir"
   start=$(date +%s.%N)
   echo "[$(date +%T)] $name: python3 -m slime_hydra $* output_dir=$dir" | tee -a "$ROOT/progress.log"
-  python3 -m slime_hydra "$@" output_dir="$dir" > "$dir/run.log" 2>&1
+  timeout --signal=INT --kill-after=30 "${RUN_CAP_S:-900}" python3 -m slime_hydra "$@" output_dir="$dir" > "$dir/run.log" 2>&1
   rc=$?
   printf '{"start": %s, "end": %s, "rc": %d}\n' "$start" "$(date +%s.%N)" "$rc" > "$dir/launch.json"
   echo "[$(date +%T)] $name: exit $rc" | tee -a "$ROOT/progress.log"
@@ -64,8 +69,14 @@ part() {
       run offload experiment=$TOR cluster.offload_rollout=true +rollout.sglang.enable_memory_saver=true \
         num_rollout=26 eval.eval_interval=2 save_interval=null rollout.check_weight_update_equal=true logger=tensorboard \
         logger.progress_bar=false load=$ROOT/torch/checkpoints/rollout_000019 ;;
+    ray) run ray experiment=$MEG cluster.backend=ray $I22 ;;
+    local) run local experiment=$MEG $I22 ;;
+    ray-resume) run ray-resume experiment=$MEG cluster.backend=ray $I22 load=$ROOT/ray/checkpoints/rollout_000009 ;;
+    mix)  # issue 24's length-mix bench rows (benchmarks/gpu/issue24_mix.sh), results into $ROOT/mix
+      mkdir -p "$ROOT/mix"; OUT=$ROOT/mix bash benchmarks/gpu/issue24_mix.sh > "$ROOT/mix/run.log" 2>&1
+      echo "[$(date +%T)] mix: exit $?" | tee -a "$ROOT/progress.log" ;;
     report)
-      python3 benchmarks/gpu/issue19_report.py "$ROOT" --json "$ROOT/report.json" > "$ROOT/report.md" 2> "$ROOT/report.err"
+      python3 benchmarks/gpu/issue19_report.py "$ROOT" --resumed-at "${RESUMED_AT:-20}" --json "$ROOT/report.json" > "$ROOT/report.md" 2> "$ROOT/report.err"
       echo "[$(date +%T)] report: exit $?" | tee -a "$ROOT/progress.log" ;;
     slim)  # after both megatron runs are read: drop the big checkpoint files (state.pt with the history stays)
       rm -rf "$ROOT"/megatron*/checkpoints/rollout_*/megatron "$ROOT"/megatron*/checkpoints/rollout_*/model.safetensors ;;
@@ -88,6 +99,7 @@ case ${1:-} in
     part report
     out=${OUT:-/tmp/out}; mkdir -p "$out"
     cp "$ROOT/progress.log" "$ROOT/report.md" "$ROOT/report.json" "$out/" 2>/dev/null
+    [ -d "$ROOT/mix" ] && (cd "$ROOT" && tar czf "$out/mix.tgz" mix)
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader; df -h /tmp | tail -1
     # every run's log, its sglang engine log's tail, composed config (no weights)
     (cd "$ROOT" && tar czf "$out/logs.tgz" --exclude='*.safetensors' --exclude='*.pt' \

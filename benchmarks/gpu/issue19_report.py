@@ -2,7 +2,8 @@
 
     python3 benchmarks/gpu/issue19_report.py ROOT [--json OUT.json]
 
-ROOT holds one directory per run (megatron, megatron-resume, torch, torch-resume, offload), each with the run's
+ROOT holds one directory per run (megatron, megatron-resume, torch, torch-resume, offload; issue 22: ray, local,
+ray-resume), each with the run's
 output_dir contents (checkpoints/, tensorboard/) and launch.json ({"start": epoch s, "end": epoch s, "rc": exit
 code}) written by the script. Read back:
 - the metric history from the newest checkpoint's state.pt ("history": [(step, {metric: value})]); a run without a
@@ -22,7 +23,7 @@ import math
 import statistics
 from pathlib import Path
 
-RUNS = ("megatron", "megatron-resume", "torch", "torch-resume", "offload")
+RUNS = ("megatron", "megatron-resume", "torch", "torch-resume", "offload", "ray", "local", "ray-resume")
 SYNC = ("perf/weight_sync_write_s", "perf/weight_sync_send_s", "perf/weight_sync_check_s")
 COLS = ("perf/rollout_time_s", "perf/train_time_s", "perf/weight_sync_time_s", "perf/weight_sync_send_s",
         "perf/weight_sync_check_s", "rollout/weight_sync_requests", "perf/step_time_s", "rollout/reward_mean",
@@ -166,9 +167,14 @@ def main() -> None:
                 report[name], hists[name] = summarize(root / name)
             except Exception as e:  # one broken run must not hide the others
                 report[name] = {"error": f"{type(e).__name__}: {e}"}
-    for base in ("megatron", "torch"):
+    for base in ("megatron", "torch", "ray"):
         if base in hists and f"{base}-resume" in hists:
             report[f"{base}-resume"]["vs_full"] = compare(hists[base], hists[f"{base}-resume"], args.resumed_at)
+    if "median" in report.get("ray", {}) and "median" in report.get("local", {}):  # issue 22: ray / local, per column
+        ray, local = report["ray"]["median"], report["local"]["median"]
+        report["ray_over_local"] = {k: ray[k] / local[k] for k in ray if ray.get(k) and local.get(k)}
+        report["ray_over_local"]["startup_s"] = ((report["ray"]["startup"].get("startup_s") or 0)
+                                                 / (report["local"]["startup"].get("startup_s") or float("nan")))
     for name, s in report.items():
         if "table" in s:
             print(markdown(name, s))

@@ -30,6 +30,7 @@ from slime_hydra.config.schema import RunConfig
 from slime_hydra.config.validate_ray import NOT_YET
 from slime_hydra.errors import ConfigError, Missing, UserError
 from slime_hydra.orchestration.placement import Layout, layout_problems, plan_layout, resolve_use_gpu
+from slime_hydra.orchestration.rank_weights import engine_ranks
 from slime_hydra.rollout.sglang.checks import num_engines, weight_sync_mode
 
 USAGE = ("usage: slime-hydra plan [group=option ...] [key=value ...] [--gpus-per-node N] [--config-name NAME]\n"
@@ -60,7 +61,7 @@ def plan_text(overrides: list[str], config_name: str = "config", gpus_per_node: 
     nodes = Nodes.of(cfg, gpus_per_node)
     what = " ".join(overrides) or "the default config"
     lines = [f"plan of {what} (nothing started: no Ray, no model, no data read)"]
-    lines += cluster_lines(cfg, nodes) + train_lines(cfg, nodes) + rollout_lines(cfg, nodes) + memory_lines(cfg) + sync_lines(cfg)
+    lines += cluster_lines(cfg, nodes) + train_lines(cfg, nodes) + rollout_lines(cfg, nodes) + memory_lines(cfg) + sync_lines(cfg, nodes.layout)
     if missing:
         lines += ["missing (on this machine; a run needs them where it runs):"]
         lines += [f"  {m.key}: {m.path}" for m in missing]
@@ -204,7 +205,7 @@ def memory_lines(cfg: RunConfig) -> list[str]:
     return lines
 
 
-def sync_lines(cfg: RunConfig) -> list[str]:
+def sync_lines(cfg: RunConfig, layout: Layout) -> list[str]:
     c, r = cfg.cluster, cfg.rollout
     if cfg.debug_rollout_only or cfg.load_debug_rollout_data:
         return ["weight sync: none (a debug split: nothing trains, or nothing generates)"]
@@ -223,6 +224,14 @@ def sync_lines(cfg: RunConfig) -> list[str]:
              "distributed": f"{buckets} broadcast over one update group per engine (the driver its rank 0; gloo on CPU, "
                             "NCCL on GPU; /update_weights_from_distributed)",
              "disk": "a safetensors file the driver writes, then each engine's /update_weights_from_disk"}[mode]
+    ranks = engine_ranks(layout.actor_bundles, layout.engine_bundles)
+    if (mode == "tensor" and c.backend == "ray" and cfg.train.backend == "megatron" and ranks is not None
+            and cfg.parallelism.pipeline_model_parallel_size == 1):  # orchestration/rank_weights.py
+        source = "each train rank's own TP-gathered Hugging Face tensors, staged on its device (nothing through the object store)"
+        route = (f"{buckets}, each serialised by the train rank(s) on the engine's bundles ("
+                 + "; ".join(f"engine {e}: rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}" for e, rs in enumerate(ranks))
+                 + ") as handles to their tensors (CUDA IPC on GPU, shared-memory files on CPU), posted to the engine's "
+                 "/update_weights_from_tensor")
     check = "; each sync checked equal (rollout.check_weight_update_equal)" if r.check_weight_update_equal else ""
     return [f"weight sync: rollout.weight_sync={r.weight_sync} -> {mode} (cluster.colocate={str(c.colocate).lower()})",
             f"  from {source}", f"  by the driver: {route}",

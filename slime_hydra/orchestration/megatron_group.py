@@ -14,8 +14,10 @@ driver fetches it and sends it to the SGLang engines in buckets (rollout=sglang:
 are the backend's: HF weights written by one rank per stage, and megatron's distributed format written by
 every rank (save_checkpoint / load_checkpoint: nothing of the trainer in state.pt).
 
-Every wait has the deadline `cluster.ray_call_timeout_s` (orchestration/calls.py). Left out here: the critic
-(PPO) and weights sent by the ranks themselves (CUDA IPC, an NCCL update group: issue 22's next slices).
+Colocated engines with PP=1 get the weights from the ranks on their GPUs instead (orchestration/rank_weights.py:
+CUDA IPC handles of the ranks' own tensors). Every wait has the deadline `cluster.ray_call_timeout_s`
+(orchestration/calls.py). Left out here: the critic (PPO), and an NCCL update group from the ranks to
+disaggregated engines.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from slime_hydra.config.schema import MegatronConfig, ModelConfig, ParallelismCo
 from slime_hydra.orchestration import stacks
 from slime_hydra.orchestration.calls import RayCalls
 from slime_hydra.orchestration.placement import Layout, node_ip_and_free_port, on_bundle
+from slime_hydra.orchestration.rank_weights import RankStage, RankWeights, engine_ranks
 from slime_hydra.orchestration.stacks import ActorProcess
 from slime_hydra.orchestration.train_group import WeightsRef
 from slime_hydra.protocols import TrainBatch
@@ -36,8 +39,8 @@ from slime_hydra.training.distributed import collective_failures
 from slime_hydra.training.specs import AlgorithmSpecs
 
 
-class MegatronRank:
-    """One megatron rank (a Ray actor) on its bundle's device."""
+class MegatronRank(RankStage):
+    """One megatron rank (a Ray actor) on its bundle's device; RankStage: weights sent to a colocated engine."""
 
     def __init__(self, rank: int, world_size: int, use_gpu: bool, num_threads: Optional[int]):
         torch.set_num_threads(num_threads or 1)
@@ -91,6 +94,7 @@ class MegatronTrainGroup:
         world = len(layout.actor_bundles)
         self.calls, self.distributed_timeout_s = calls, distributed_timeout_s
         self.labels = [f"rank {r}" for r in range(world)]
+        self.engine_ranks = engine_ranks(layout.actor_bundles, layout.engine_bundles)  # None: not colocated
         actor = ray.remote(MegatronRank)
         self.ranks = [actor.options(**layout.actor_options(), **on_bundle(pg, b)).remote(r, world, layout.use_gpu, num_threads)
                       for r, b in enumerate(layout.actor_bundles)]
@@ -101,6 +105,8 @@ class MegatronTrainGroup:
         self.calls.get([r.setup.remote(f"tcp://{ip}:{port}", self.distributed_timeout_s, model, parallel, specs, megatron,
                                        temperature, seed) for r in self.ranks],
                        "train setup (process group, megatron groups, model)", self.labels)
+        if parallel.pipeline_model_parallel_size > 1:  # a rank holds its stage's layers only: the driver route
+            self.engine_ranks = None
 
     def _all(self, what: str, name: str, *args: Any) -> Any:
         """`name` on every rank (a collective); rank 0's answer."""
@@ -125,8 +131,16 @@ class MegatronTrainGroup:
     def end_warm_start(self) -> None:
         self._all("end of the warm start", "end_warm_start")
 
-    def named_weights(self) -> WeightsRef:
-        """Rank 0's gathered weights, left in the object store (the rollout manager passes the reference on)."""
+    def named_weights(self) -> WeightsRef | RankWeights:
+        """Colocated engines and PP=1: every rank stages its TP-gathered weights on its device, sent from there
+        (orchestration/rank_weights.py). Otherwise, or when iterated: rank 0's gathered weights, left in the object
+        store (the rollout manager passes the reference on)."""
+        if self.engine_ranks is None:
+            return self._in_object_store()
+        self.calls.get([r.stage_weights.remote() for r in self.ranks], "staging the weights", self.labels)
+        return RankWeights(self.ranks, self.engine_ranks, self.calls, self._in_object_store)
+
+    def _in_object_store(self) -> WeightsRef:
         refs = [r.named_weights.options(num_returns=2).remote() for r in self.ranks]
         self.calls.get([done for _, done in refs], "gathering the weights", self.labels)  # a failed rank is named here
         return WeightsRef(refs[0][0], self.calls)

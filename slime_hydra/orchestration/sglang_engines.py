@@ -8,9 +8,10 @@ child (ManagedProcess: the server's process group gets SIGTERM when the actor di
 listens. A restart relaunches through the same actor, or through a new one on the same bundle if the actor
 died. Every wait on an actor is a RayCalls wait with `cluster.ray_call_timeout_s`.
 
-Weights: the driver fetches train rank 0's weights from the object store (TrainGroup.named_weights, or
-MegatronTrainGroup.named_weights: every stage's TP-gathered HF tensors) and posts them to the engines as in one process. That route keeps the tensors on the CPU; on GPUs slime sends
-CUDA IPC handles from each train rank to its colocated engine, which this does not do yet.
+Weights: colocated engines with megatron ranks (PP=1) get handles to the tensors of the ranks on their own bundles
+(orchestration/rank_weights.py, slime's route: CUDA IPC on GPUs); otherwise the driver fetches train rank 0's weights
+from the object store (TrainGroup.named_weights, or MegatronTrainGroup.named_weights: every stage's TP-gathered HF
+tensors) and posts them to the engines as in one process.
 
 Same host only: the engines listen on the loopback, load the initial checkpoint from the driver's output
 directory and share tensors with it through local memory (and the gloo update group of

@@ -121,7 +121,10 @@ SHORT = ["warmstart.steps=0", "num_rollout=2", "eval.eval_interval=null", "rollo
 # cluster until the module ends.
 def test_colocated_syncs_from_tensors_every_update_equal(cluster, tmp_path):
     """cluster.colocate=true: each engine shares a train rank's bundle (2 bundles); weights go from tensors (shared-memory
-    handles on CPU) in buckets. 2 rollouts, every sync checked equal; log-probs as in the disaggregated case."""
+    handles on CPU) in buckets, each engine's from the train rank on its bundle (orchestration/rank_weights.py: the rank
+    serialises handles to its own tensors, nothing goes through the object store). 2 rollouts, every sync checked equal
+    (on the rank, against its tensors; and once more here against rank 0's through the object store); log-probs as in
+    the disaggregated case."""
     from slime_hydra.engine import loop
 
     args = [*COMMON, *RAY, "cluster.colocate=true", *SHORT]
@@ -136,7 +139,10 @@ def test_colocated_syncs_from_tensors_every_update_equal(cluster, tmp_path):
         print(f"colocated: {time.monotonic() - t0:.0f} s; {lp}")
         assert lp["tokens"] > 0 and lp["ray_vs_local"] < 1e-4 and lp["ray_vs_engine"] < 1e-2, lp
         assert versions_of(history) == [0.0, 1.0] and r.weight_version == 2 == r.synced_version
+        from slime_hydra.orchestration.rank_weights import RankWeights
         from slime_hydra.rollout.sglang import weights as W
+
+        assert isinstance(r._last_weights, RankWeights) and r._last_weights.engine_ranks == [[0], [1]]
 
         named = list(c.trainer.named_weights())
         for e in r.group.engines:

@@ -54,7 +54,7 @@ class SGLangRollout:
                                  dict(cfg.sglang_env), launcher)
         self.weight_version = 0
         self.synced_version: Optional[int] = None  # None until the first sync: engines report "default"
-        self._last_weights: list[tuple[str, torch.Tensor]] = []
+        self._last_weights: W.TensorSource = W.LocalTensors([])
         self._last_disk: Optional[Path] = None
         self._groups: dict[int, D.UpdateGroup] = {}  # weight_sync=distributed: one update group per engine
         self._sync_lock = threading.Lock()
@@ -138,38 +138,39 @@ class SGLangRollout:
     # -- weights --------------------------------------------------------------------------------------
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """named_tensors: the trainer's weights; a W.TensorSource (colocated Ray ranks) sends its handles itself when
+        weights go from tensors, and is iterated (fetched here) for the other routes."""
         t0 = time.perf_counter()
-        tensors = list(named_tensors)
+        source = named_tensors if self.mode == "tensor" and isinstance(named_tensors, W.TensorSource) else W.LocalTensors(named_tensors)
         with self._sync_lock:
             if self._released:
                 self.resume_memory()
             if self.mode == "disk":
-                self._last_disk = W.write_checkpoint(tensors, self.init_dir, self.dir / "weights", self.dtype)
+                self._last_disk = W.write_checkpoint(source.tensors, self.init_dir, self.dir / "weights", self.dtype)
             t1 = time.perf_counter()
-            requests = sum(self._sync_engine(e, tensors, version) for e in self.group.engines if e.healthy.is_set())
-            self._last_weights, self.weight_version, self.synced_version = tensors, version, version
+            requests = sum(self._sync_engine(e, source, version) for e in self.group.engines if e.healthy.is_set())
+            self._last_weights, self.weight_version, self.synced_version = source, version, version
             self._weights_lost = False
         t2 = time.perf_counter()
         if self.cfg.check_weight_update_equal:
             for e in self.group.engines:
                 if e.healthy.is_set():
-                    W.check_equal(e.url, tensors, self.dtype, self.cfg.sglang_request_timeout_s)
+                    source.check_equal(e.index, e.url, self.dtype, self.cfg.sglang_request_timeout_s)
         with self._stats_lock:  # metrics() may read from the loop's thread while a worker syncs (train_mode=async)
             self.sync_stats = {"rollout/weight_sync_requests": float(requests), "perf/weight_sync_write_s": t1 - t0,
                                "perf/weight_sync_send_s": t2 - t1, "perf/weight_sync_check_s": time.perf_counter() - t2}
 
-    def _sync_engine(self, e: Engine, tensors: list[tuple[str, torch.Tensor]], version: int) -> int:
+    def _sync_engine(self, e: Engine, source: W.TensorSource, version: int) -> int:
         """-> the number of weight-update requests the engine got (buckets; 1 from disk)."""
         timeout = self.cfg.sglang_request_timeout_s
         paused = W.post(e.url, "/pause_generation", {}, timeout).status_code == 200
         try:
             if self.mode == "tensor":
-                n = W.update_from_tensors(e.url, tensors, version, self.tp_size, self.cfg.update_weight_buffer_size,
-                                          self.dtype, timeout)
+                n = source.send(e.index, e.url, version, self.tp_size, self.cfg.update_weight_buffer_size, self.dtype, timeout)
             elif self.mode == "distributed":
                 self._groups[e.index] = g = D.new_group(e.url, e.index, e.launches, self.tp_size, self.device, timeout,
                                                         self._groups.get(e.index))
-                n = g.send(tensors, version, self.cfg.update_weight_buffer_size, self.dtype)
+                n = g.send(source.tensors, version, self.cfg.update_weight_buffer_size, self.dtype)
             else:
                 n = W.update_from_disk(e.url, self._last_disk, version, timeout)
             if self.mode != "disk":  # update_weights_from_disk flushes itself

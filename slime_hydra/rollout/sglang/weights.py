@@ -10,6 +10,8 @@ HTTP. On CPU the handles must be shared-memory file names (torch's `file_system`
 `file_descriptor` strategy passes fds through a socket whose auth key the server does not have, and
 the server dies. On CUDA they are CUDA IPC handles (sglang's patched reductions). sglang >= 0.5.2x wants
 the updates inside /begin_weight_update ... /end_weight_update; older releases have no such endpoints.
+A TensorSource says where the tensors are serialised: here (LocalTensors) or in colocated train ranks under Ray
+(orchestration/rank_weights.py), which post the same payloads through update_from_payloads.
 From disk: a safetensors file beside the engine's config, then /update_weights_from_disk.
 Over a distributed update group (disaggregated engines): `distributed`.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import Iterable, Iterator, Optional, Protocol, runtime_checkable
 
 import httpx
 import torch
@@ -123,24 +125,69 @@ def has_endpoint(url: str, path: str, timeout: float) -> bool:
     return True
 
 
-def update_from_tensors(url: str, named_tensors: list[tuple[str, torch.Tensor]], version: int, tp_size: int,
-                        buffer_bytes: int, dtype: str, timeout: float) -> int:
-    """All buckets to one engine; returns the number of /update_weights_from_tensor requests (= buckets)."""
+def update_from_payloads(url: str, payloads: Iterable[tuple[list[str], Optional[str]]], version: int, timeout: float) -> int:
+    """Post each bucket's payloads (one per engine TP rank, from serialize_bucket) to /update_weights_from_tensor,
+    inside /begin_weight_update ... /end_weight_update where the release has them; -> the number of requests. A
+    bucket's tensors must stay alive until its request returned: `payloads` yields the next one only then."""
     session = has_endpoint(url, "/begin_weight_update", timeout)
     n = 0
     try:
-        for bucket in buckets(named_tensors, buffer_bytes, DTYPES[dtype]):
-            payload, load_format, keep = serialize_bucket(bucket, DTYPES[dtype])
-            body = {"serialized_named_tensors": [payload] * tp_size, "flush_cache": False, "weight_version": str(version)}
+        for parts, load_format in payloads:
+            body = {"serialized_named_tensors": parts, "flush_cache": False, "weight_version": str(version)}
             if load_format:
                 body["load_format"] = load_format
             ok(post(url, "/update_weights_from_tensor", body, timeout), "update_weights_from_tensor")
-            del keep
             n += 1
     finally:
         if session:
             ok(post(url, "/end_weight_update", {}, timeout), "end_weight_update")
     return n
+
+
+def local_payloads(named_tensors: list[tuple[str, torch.Tensor]], tp_size: int, buffer_bytes: int,
+                   dtype: str) -> Iterator[tuple[list[str], Optional[str]]]:
+    """This process's tensors, bucket by bucket, the same handles for every engine TP rank."""
+    for bucket in buckets(named_tensors, buffer_bytes, DTYPES[dtype]):
+        payload, load_format, keep = serialize_bucket(bucket, DTYPES[dtype])
+        yield [payload] * tp_size, load_format
+        del keep
+
+
+def update_from_tensors(url: str, named_tensors: list[tuple[str, torch.Tensor]], version: int, tp_size: int,
+                        buffer_bytes: int, dtype: str, timeout: float) -> int:
+    """All buckets to one engine; returns the number of /update_weights_from_tensor requests (= buckets)."""
+    return update_from_payloads(url, local_payloads(named_tensors, tp_size, buffer_bytes, dtype), version, timeout)
+
+
+@runtime_checkable
+class TensorSource(Protocol):
+    """Weights that reach an engine as tensor handles from where they live. `LocalTensors`: this process's tensors.
+    Under Ray, colocated train ranks hold theirs and serialise them on their own device (CUDA IPC handles on a GPU,
+    shared-memory files on CPU): orchestration/rank_weights.py. Iterating gives the named tensors themselves."""
+
+    def send(self, engine: int, url: str, version: int, tp_size: int, buffer_bytes: int, dtype: str, timeout: float) -> int:
+        """Engine `engine` at `url` (paused by the caller) gets every bucket; -> the number of requests."""
+
+    def check_equal(self, engine: int, url: str, dtype: str, timeout: float) -> int:
+        """check_equal against the engine, where the tensors are; -> the number of tensors compared."""
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]: ...
+
+
+class LocalTensors:
+    """TensorSource of this process's tensors (one process, or the driver's copy from the object store)."""
+
+    def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]]):
+        self.tensors = list(named_tensors)
+
+    def send(self, engine: int, url: str, version: int, tp_size: int, buffer_bytes: int, dtype: str, timeout: float) -> int:
+        return update_from_tensors(url, self.tensors, version, tp_size, buffer_bytes, dtype, timeout)
+
+    def check_equal(self, engine: int, url: str, dtype: str, timeout: float) -> int:
+        return check_equal(url, self.tensors, dtype, timeout)
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.tensors)
 
 
 def write_checkpoint(named_tensors: list[tuple[str, torch.Tensor]], init_dir: Path, out_dir: Path, dtype: str) -> Path:
