@@ -21,7 +21,7 @@ ROOT=${ROOT:-/tmp/i19}
 MEG=grpo/qwen3-0.6b-addition-1n1g-megatron-sglang-colocate-v1
 TOR=grpo/qwen3-0.6b-addition-1n1g-torch-sglang-colocate-v1
 COMMON="num_rollout=40 save_interval=20 rollout.check_weight_update_equal=true logger=tensorboard logger.progress_bar=false"
-I22="num_rollout=20 save_interval=10 eval.eval_interval=10 warmstart.steps=200 warmstart.min_steps=200 rollout.check_weight_update_equal=true logger=tensorboard logger.progress_bar=false"
+I22="model.hf_checkpoint=$PWD/outputs/hf/qwen3-0.6b-char-random-seed1234 num_rollout=20 save_interval=10 eval.eval_interval=10 warmstart.steps=200 warmstart.min_steps=200 rollout.check_weight_update_equal=true logger=tensorboard logger.progress_bar=false"
 mkdir -p "$ROOT"
 export PYTHONPATH=/tmp/sgl-site:/tmp/sgl-sc:/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 

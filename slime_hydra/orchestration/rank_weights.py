@@ -15,12 +15,14 @@ falls back to the object-store route (what the disk, distributed and local-engin
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import torch
 
-from slime_hydra.orchestration.calls import RayCalls
 from slime_hydra.rollout.sglang import weights as W
+
+if TYPE_CHECKING:  # not at run time: `slime-hydra plan` reads engine_ranks without importing ray
+    from slime_hydra.orchestration.calls import RayCalls
 
 
 class RankStage:
