@@ -285,6 +285,63 @@ def test_megatron_packed_equals_padded_moe_and_partial_rotary(family, tmp_path):
     assert_megatron_same(megatron_run(cfg, hf, "bshd", algo), megatron_run(cfg, hf, "thd", algo), family)
 
 
+def test_megatron_thd_rope_equals_megatron_per_sample_rope():
+    """model._thd_rope (no host sync) against megatron's own per-sample THD rotary, bit for bit: samples of 3, 0 (an
+    empty one), 5 and 1 tokens over freqs of the longest sample (positions restart per sample), partial rotary (the
+    last 4 of 16 dims pass through), and megatron's exact-mapping case (freqs over the whole stream: one sample)."""
+    from tests.support.megatron_cpu import shim
+
+    shim.install()
+    from megatron.core.models.common.embeddings import rope_utils
+
+    from slime_hydra.training.megatron import model as mm
+
+    class OneRank:
+        def size(self):
+            return 1
+
+        def rank(self):
+            return 0
+
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(9, 2, 16, generator=g, dtype=torch.float64)  # [t, heads, dim]
+    cu = torch.tensor([0, 3, 3, 8, 9], dtype=torch.int32)
+    for freqs, cu_ in ((torch.randn(5, 1, 1, 12, generator=g, dtype=torch.float64), cu),  # longest sample: 5
+                       (torch.randn(9, 1, 1, 12, generator=g, dtype=torch.float64), torch.tensor([0, 9], dtype=torch.int32))):
+        ours = mm._thd_rope(t, cu_, freqs, cp_group=OneRank())
+        theirs = mm._MEGATRON_THD_ROPE(t, cu_, freqs, cp_group=OneRank())
+        assert torch.equal(ours, theirs) and not torch.equal(ours, t)
+    # by hand: token 1 of sample 2 (stream position 4) takes freqs row 1
+    freqs = torch.randn(5, 1, 1, 16, generator=g, dtype=torch.float64)
+    one = mm._thd_rope(t, cu, freqs, cp_group=OneRank())[4]
+    assert torch.equal(one, rope_utils._apply_rotary_pos_emb_bshd(t[4][None, None], freqs[1:2])[0, 0])
+
+
+def test_varlen_signature_forms(monkeypatch):
+    """thd.find_varlen reads how this torch's varlen_attn asks for causal attention: is_causal (torch 2.9/2.10, no
+    scale, no enable_gqa) or window_size=(-1, 0) (later; scale, and enable_gqa later still); neither: no varlen.
+    On CPU the packed attention always takes the per-sample loop."""
+    import torch.nn.attention.varlen as varlen
+
+    from slime_hydra.training import thd
+
+    def old(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None): ...
+
+    def new(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1),
+            enable_gqa=False): ...
+
+    def other(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k): ...
+
+    monkeypatch.setattr(varlen, "varlen_attn", old)
+    assert thd.find_varlen() == thd.Varlen(old, {"is_causal": True}, False, False)
+    monkeypatch.setattr(varlen, "varlen_attn", new)
+    assert thd.find_varlen() == thd.Varlen(new, {"window_size": (-1, 0)}, True, True)
+    monkeypatch.setattr(varlen, "varlen_attn", other)
+    assert thd.find_varlen() is None
+    q = torch.zeros(4, 2, 8, dtype=torch.bfloat16)
+    assert not thd.varlen_usable(q, None, 0.0, 4)  # CPU
+
+
 def tp2_main(rank: int, port: int, out_dir: str) -> None:
     import dataclasses
     import os
