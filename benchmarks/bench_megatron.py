@@ -188,7 +188,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--warmup", type=int, default=None, help="default 3 (--mix: 2, the first step included)")
-    ap.add_argument("--iters", type=int, default=None, help="default 10 (--mix: 4)")
+    ap.add_argument("--iters", type=int, default=None, help="default 10 (--mix: 3)")
     ap.add_argument("--only", default="", help="comma-separated backend:model filters of the default rows, e.g. "
                     "megatron:qwen3_4b; 'none' keeps only --variants")
     ap.add_argument("--variants", default="", help="comma-separated indices into VARIANTS (4B, --global-batch-4b) or 'all'")
@@ -209,7 +209,7 @@ def main() -> None:
 
         bench_megatron_mix.main(["tiny"] if args.tiny else args.mix_models.split(","), args.mix_variants.split(","),
                                 args.mix_global_batch, 2 if args.warmup is None else args.warmup,
-                                4 if args.iters is None else args.iters, args.out or "bench_out/bench_megatron_mix.json",
+                                3 if args.iters is None else args.iters, args.out or "bench_out/bench_megatron_mix.json",
                                 args.tiny)
         return
     args.warmup = 3 if args.warmup is None else args.warmup

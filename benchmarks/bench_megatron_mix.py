@@ -14,7 +14,9 @@ Micro-batch sizes and budgets (MODELS) are what fits one H200 without recompute,
 holds ~61 GiB of weights, gradients and Adam state plus ~4.7 GiB per 1k tokens of a micro-batch (79.5 GiB at 2 x 2049
 tokens, 98.2 at 4 x 2049: docs/gpu_results.md), so the 4B's micro-batch of 4 (its best row) would run this draw's
 worst 4 consecutive samples padded to 22.2k tokens (~165 GiB): padded and packed use 2 (worst 11.1k padded, ~113 GiB),
-the budget 12288 tokens (~119 GiB). The 0.6B: ~9 GiB + ~1.9 GiB per 1k tokens; micro-batch 8 (its best row), budget 32768.
+the budget 10240 tokens (9 bins of ~9.3k, ~105 GiB; a margin for the dynamic-shape compiled graphs, whose memory was
+never measured). The 0.6B: ~9 GiB + ~1.9 GiB per 1k tokens; micro-batch 8 (its best row; worst 44.4k padded, ~93 GiB),
+budget 32768 (3 bins of ~28k, ~62 GiB).
 One trainer per model, built once: each variant composes and validates its own overrides and hands the trainer its
 batch spec (micro-batching and qkv format are all that differ); dynamo's recompile limit is raised to 32 so that the
 padded and packed shapes of one trainer stay compiled.
@@ -59,7 +61,7 @@ class Shape:
 
 
 MODELS = {
-    "qwen3_4b": Shape("qwen3_4b", "rl", 2, 12288, BEST),
+    "qwen3_4b": Shape("qwen3_4b", "rl", 2, 10240, BEST),
     "qwen3_0_6b": Shape("qwen3_0_6b", "rl", 8, 32768, BEST),
     "addition": Shape("qwen3_0_6b", "addition", 64, 8192, (), global_batch=256),
     "tiny": Shape(None, "tiny", 4, 96, NO_COMPILE, global_batch=16),
