@@ -198,10 +198,12 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="profile one more step of each row (benchmarks/profile_step.py): "
                     "GPU kernel time by op class, idle gaps, top ops; into the JSON and printed")
     ap.add_argument("--mix", action="store_true", help="the realistic length mix rows (benchmarks/bench_megatron_mix.py)")
-    ap.add_argument("--mix-models", default="qwen3_4b,qwen3_0_6b,addition", help="comma-separated keys of "
-                    "bench_megatron_mix.MODELS, in order (qwen3_4b, qwen3_0_6b, addition; --tiny: tiny)")
+    ap.add_argument("--mix-models", default="qwen3_4b,addition,qwen3_0_6b", help="comma-separated keys of "
+                    "bench_megatron_mix.MODELS, in order (qwen3_4b, addition, qwen3_0_6b; --tiny: tiny)")
     ap.add_argument("--mix-variants", default="budget,padded,packed", help="comma-separated: budget, padded, packed")
     ap.add_argument("--mix-global-batch", type=int, default=64, help="samples per step of the rl mix (8 per prompt)")
+    ap.add_argument("--mix-dynamic-first", action="store_true", help="compile dynamic from the first shape: faster "
+                    "warm-up, less faithful graphs (bench_megatron_mix's docstring)")
     ap.add_argument("--tiny", action="store_true", help="with --mix: the tiny model on CPU under the tests' megatron shim")
     args = ap.parse_args()
     if args.mix:
@@ -210,7 +212,7 @@ def main() -> None:
         bench_megatron_mix.main(["tiny"] if args.tiny else args.mix_models.split(","), args.mix_variants.split(","),
                                 args.mix_global_batch, 2 if args.warmup is None else args.warmup,
                                 3 if args.iters is None else args.iters, args.out or "bench_out/bench_megatron_mix.json",
-                                args.tiny)
+                                args.tiny, args.mix_dynamic_first)
         return
     args.warmup = 3 if args.warmup is None else args.warmup
     args.iters = 10 if args.iters is None else args.iters

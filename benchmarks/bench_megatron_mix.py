@@ -19,7 +19,11 @@ never measured). The 0.6B: ~9 GiB + ~1.9 GiB per 1k tokens; micro-batch 8 (its b
 budget 32768 (3 bins of ~28k, ~62 GiB).
 One trainer per model, built once: each variant composes and validates its own overrides and hands the trainer its
 batch spec (micro-batching and qkv format are all that differ); dynamo's recompile limit is raised to 32 so that the
-padded and packed shapes of one trainer stay compiled.
+padded and packed shapes of one trainer stay compiled. Dynamo compiles each graph set static at the first
+micro-batch shape and dynamic in the token dimension at the second, as in a run; `--mix-dynamic-first`
+(assume_static_by_default=False) skips the static compile (~0.5 min per graph set on the 4B shape, 4 sets in all) but
+then every dimension dynamo does not tie to a weight (the log-prob kernels' vocabulary columns) stays symbolic, which
+a run's graphs do not: faster to run, less faithful.
 Per row: real tokens/s (the positions that predict a token, L_i - 1 per sample), MFU on real tokens only (per sample
 6 N (L_i - 1) + 6 layers d_attn (L_i - 1)^2 FLOPs: bench_megatron.flops_per_token at the sample's own length, over
 790 TFLOP/s), the padding fraction of the positions the model ran, step s (median and min-max of `iters` after
@@ -66,7 +70,14 @@ MODELS = {
     "addition": Shape("qwen3_0_6b", "addition", 64, 8192, (), global_batch=256),
     "tiny": Shape(None, "tiny", 4, 96, NO_COMPILE, global_batch=16),
 }
-VARIANTS = ("budget", "padded", "packed")  # the budget first: a run cut short keeps the headline row
+VARIANTS = ("budget", "padded", "packed")  # the budget first: a run cut short keeps the headline row and its ratio
+
+
+DISTRIBUTION = {  # what lengths() draws, for the printed table
+    "rl": "prompts uniform [64, 512] per prompt of 8 samples; responses round(700 exp(N(0,1))) in [1, 8192]; seed 0",
+    "addition": "prompts uniform [8, 12] per prompt of 8 samples; responses uniform [2, 6]; seed 0",
+    "tiny": "prompts uniform [4, 16] per prompt of 4 samples; responses round(12 exp(N(0,1))) in [1, 48]; seed 0",
+}
 
 
 def lengths(mix: str, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,8 +189,8 @@ def run_model(name: str, variants: list[str], gbs: int, warmup: int, iters: int,
 
         vocab = len(build_tokenizer(m))
     batch, flops = mix_batch(prompt, response, vocab), real_flops(m, vocab, total)
-    head = dict(model=name, option=shape.option or "tiny", mix=shape.mix, global_batch=gbs, dtype=m.dtype,
-                settings=list(shape.settings), **describe(prompt, response))
+    head = dict(model=name, option=shape.option or "tiny", mix=shape.mix, distribution=DISTRIBUTION[shape.mix],
+                global_batch=gbs, dtype=m.dtype, settings=list(shape.settings), **describe(prompt, response))
     emit(dict(head, kind="mix"))
     t0 = time.perf_counter()
     try:
@@ -250,7 +261,8 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def main(models: list[str], variants: list[str], gbs: int, warmup: int, iters: int, out: str, tiny: bool) -> None:
+def main(models: list[str], variants: list[str], gbs: int, warmup: int, iters: int, out: str, tiny: bool,
+         dynamic_first: bool = False) -> None:
     device = "cpu" if tiny else "cuda"
     if tiny:  # megatron-core on CPU: the tests' shim (test-only code; a GPU run never installs it)
         from tests.support.megatron_cpu import shim
@@ -264,6 +276,8 @@ def main(models: list[str], variants: list[str], gbs: int, warmup: int, iters: i
     for key in ("recompile_limit", "cache_size_limit"):  # the padded and packed shapes of one trainer, compiled
         if hasattr(cfg, key):
             setattr(cfg, key, max(getattr(cfg, key), 32))
+    if dynamic_first:
+        cfg.assume_static_by_default = False  # parameters stay static (force_parameter_static_shapes)
     rows: list[dict] = []
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
 
@@ -278,11 +292,20 @@ def main(models: list[str], variants: list[str], gbs: int, warmup: int, iters: i
     for name in models:
         run_model(name, variants, gbs, warmup, iters, device, emit)
         print(f"# {name} done at {time.perf_counter() - t0:.0f} s", flush=True)
+    report(rows)
+
+
+def report(rows: list[dict]) -> None:
+    """The table, the drawn mixes, each row's warm-up (build, first step, graphs compiled, graph breaks), the ratios."""
     for line in table(rows):
         print(line)
     for r in rows:
         if r.get("kind") == "mix":
-            print(f"mix {r['model']}: {r['samples']} samples, {r['real_tokens']} real tokens; prompt {r['prompt']}; "
-                  f"response {r['response']}; sample {r['sample']}")
+            print(f"mix {r['model']} ({r['distribution']}): {r['samples']} samples, {r['real_tokens']} real tokens; "
+                  f"drawn prompt {r['prompt']}; response {r['response']}; sample {r['sample']}")
+    for r in rows:
+        if "variant" in r:
+            print({k: r[k] for k in ("model", "variant", "build_s", "first_step_s", "compiled_graphs", "graph_breaks", "error")
+                   if r.get(k) is not None})
     for r in ratios(rows):
         print("ratio:", json.dumps(r))

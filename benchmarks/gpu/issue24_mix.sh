@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 24 on the H200 in one call: packed attention's GPU kernel checked against the per-sample loop
 # (tests/training/megatron/test_gpu.py -k varlen), then `bench_megatron --mix`: padded vs packed vs packed + token
-# budget on the realistic RL length mix, 4B first, then 0.6B and the addition experiments' shape (the mix, the
+# budget on the realistic RL length mix, 4B first, then the addition experiments' shape and 0.6B (the mix, the
 # micro-batch sizes and budgets: benchmarks/bench_megatron_mix.py). Each part under its own time cap; the bench prints
 # each row as it finishes and rewrites $OUT/bench_megatron_mix.json, and the table is printed from that JSON at the end
 # even when the cap cut the bench short. Carry .whl (the megatron-core 0.16.1 cp312 wheel) and .gpuwhl.
@@ -27,20 +27,6 @@ timeout -k 5 "$left" python3 -m benchmarks.bench_megatron --mix --out "$out/benc
   > "$out/bench.log" 2>&1
 echo "== bench: exit $? at $SECONDS s (124: cut at ${left} s)"
 grep -E "^# |Traceback|Error" "$out/bench.log" | tail -6
-python3 - "$out/bench_megatron_mix.json" <<'PY'
-import json, sys
-from benchmarks.bench_megatron_mix import ratios, table
-rows = json.load(open(sys.argv[1]))["rows"]
-print("\n".join(table(rows)))
-for r in rows:
-    if r.get("kind") == "mix":
-        print(f"mix {r['model']}: {r['samples']} samples, {r['real_tokens']} real tokens; prompt {r['prompt']}; "
-              f"response {r['response']}; sample {r['sample']}")
-for r in rows:
-    if "variant" in r:
-        print({k: r.get(k) for k in ("model", "variant", "build_s", "first_step_s",
-                                     "compiled_graphs", "graph_breaks", "error") if r.get(k) is not None})
-for r in ratios(rows):
-    print("ratio:", json.dumps(r))
-PY
+python3 -c "import json, sys; from benchmarks.bench_megatron_mix import report
+report(json.load(open(sys.argv[1]))['rows'])" "$out/bench_megatron_mix.json"
 echo "== done at $SECONDS s"

@@ -130,8 +130,8 @@ def test_varlen_attention_matches_per_sample_loop():
     launch) against the per-sample SDPA loop it replaces, Qwen3-4B's heads (32 query, 8 kv, dim 128) in bf16 over
     ragged samples (1, 7, 300, 1200, 0, 64, 2049 and 513 tokens), forward and backward; both measured against the loop
     in float32. Tolerance from bf16: the varlen error may be at most twice the loop's own plus one bf16 rounding
-    (2^-8 relative) of the largest value. Then the same under torch.compile (as inside compile_layers), for two
-    different cu_seqlens (the second with a dynamic shape): equal to eager within one bf16 rounding."""
+    (2^-8 relative) of the largest value. Then the same under torch.compile with dynamic shapes (as inside compile_layers
+    in bench_megatron --mix), for two different cu_seqlens: equal to eager within one bf16 rounding."""
     from slime_hydra.training import thd
 
     assert thd.VARLEN is not None, "this torch has no usable torch.nn.attention.varlen.varlen_attn"
@@ -167,7 +167,7 @@ def test_varlen_attention_matches_per_sample_loop():
     for n, e, b in zip(names, err_var, bound):
         assert e <= b, (n, e, b)
 
-    compiled = torch.compile(thd.causal_varlen_attention, dynamic=None)
+    compiled = torch.compile(thd.causal_varlen_attention, dynamic=True)
     for lens2 in (lens, [5, 1000, 3, 700]):
         cu2 = torch.tensor([0] + lens2, device="cuda").cumsum(0).to(torch.int32)
         n = int(cu2[-1])
