@@ -317,6 +317,46 @@ def test_megatron_thd_rope_equals_megatron_per_sample_rope():
     assert torch.equal(one, rope_utils._apply_rotary_pos_emb_bshd(t[4][None, None], freqs[1:2])[0, 0])
 
 
+def test_megatron_packed_layers_compile_without_graph_breaks_of_their_own(monkeypatch):
+    """train.megatron.compile_layers with thd: the packed path (model._thd_rope, SDPAttention._thd's varlen branch) traces
+    without a graph break of its own; the only breaks are megatron-core's tp_group deprecation warning (warnings.warn),
+    which the padded path has too. On CPU the varlen kernel is stood in for by a traceable dense masked SDPA (the real
+    kernel under torch.compile: tests/training/megatron/test_gpu.py); dynamo's aot_eager backend (no C++ compile)."""
+    import dataclasses
+
+    from torch._dynamo.utils import counters
+
+    from slime_hydra.training import thd
+    from tests.support.megatron_cpu import shim, workers
+
+    shim.install()
+    from slime_hydra.training.megatron import model as mm
+
+    def dense(q, k, v, cu, cu_k, max_q, max_k, is_causal=False, scale=None, enable_gqa=False):
+        idx = torch.arange(q.shape[0])
+        seg = torch.searchsorted(cu.long(), idx, right=True)  # [t] each token's sample
+        mask = (seg[:, None] == seg[None, :]) & (idx[:, None] >= idx[None, :])
+        out = torch.nn.functional.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), attn_mask=mask,
+                                                               scale=scale, enable_gqa=enable_gqa)
+        return out[0].transpose(0, 1)
+
+    monkeypatch.setattr(thd, "VARLEN", thd.Varlen(dense, {"is_causal": True}, True, True))
+    monkeypatch.setattr(mm, "varlen_usable", lambda q, scale, dropout, max_seqlen: max_seqlen is not None)
+    cfg, _, hf = workers.tiny_setup(["train.micro_batch_size=2"])
+    torch._dynamo.reset()
+    counters.clear()
+    train = dataclasses.replace(cfg.train, qkv_format="thd", skip_zero_advantage_samples=False, num_steps_per_rollout=1)
+    b = trainers.megatron_backend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, AlgorithmConfig(), train, 1.0, 10,
+                                  CPU, max_response_len=8, seed=cfg.seed)
+    for layer in b.gpt.decoder.layers:
+        layer.compile(backend="aot_eager")
+    b.train_rollout(workers.uneven_batch())  # 2 micro-batches of 22 and 23 packed tokens
+    reasons, graphs = list(counters["graph_break"]), counters["stats"]["unique_graphs"]
+    torch._dynamo.reset()
+    assert graphs > 0  # the layers did compile
+    assert all("_warnings.warn" in r for r in reasons), reasons
+
+
 def test_varlen_signature_forms(monkeypatch):
     """thd.find_varlen reads how this torch's varlen_attn asks for causal attention: is_causal (torch 2.9/2.10, no
     scale, no enable_gqa) or window_size=(-1, 0) (later; scale, and enable_gqa later still); neither: no varlen.
