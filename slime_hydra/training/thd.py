@@ -136,6 +136,8 @@ def causal_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
             kw["enable_gqa"] = True
         else:
             k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+    # megatron hands views of its fused qkv projection: the flash kernel is given dense tensors (a copy of k/v at most)
+    q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
     cu = cu_seqlens.to(torch.int32)
     return VARLEN.fn(q, k, v, cu, cu, max_seqlen, max_seqlen, **kw)
 

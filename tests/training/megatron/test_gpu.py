@@ -140,15 +140,15 @@ def test_varlen_attention_matches_per_sample_loop():
     t, scale = int(cu[-1]), 128 ** -0.5
     g = torch.Generator(device="cuda").manual_seed(0)
     q0 = torch.randn(t, 32, 128, device="cuda", generator=g)
-    k0, v0 = (torch.randn(t, 8, 128, device="cuda", generator=g) for _ in "kv")
+    kv0 = torch.randn(t, 16, 128, device="cuda", generator=g)  # k and v: strided views of one tensor, as megatron's qkv
     w = torch.randn(t, 32, 128, device="cuda", generator=g)
     assert thd.varlen_usable(q0.bfloat16(), scale, 0.0, max(lens))
 
     def run(fn, dtype):
-        q, k, v = (x.to(dtype).requires_grad_(True) for x in (q0, k0, v0))
-        out = fn(q, k, v)
-        grads = torch.autograd.grad((out.float() * w).sum(), (q, k, v))
-        return [x.float() for x in (out, *grads)]
+        q, kv = (x.to(dtype, copy=True).requires_grad_(True) for x in (q0, kv0))
+        out = fn(q, *kv.split(8, dim=1))
+        dq, dkv = torch.autograd.grad((out.float() * w).sum(), (q, kv))
+        return [x.float() for x in (out, dq, *dkv.split(8, dim=1))]
 
     def varlen(q, k, v):
         return thd.causal_varlen_attention(q, k, v, cu, max(lens), scale)
@@ -171,11 +171,12 @@ def test_varlen_attention_matches_per_sample_loop():
     for lens2 in (lens, [5, 1000, 3, 700]):
         cu2 = torch.tensor([0] + lens2, device="cuda").cumsum(0).to(torch.int32)
         n = int(cu2[-1])
-        q, k, v = (x[:n].bfloat16().requires_grad_(True) for x in (q0, k0, v0))
+        q, kv = (x[:n].to(torch.bfloat16, copy=True).requires_grad_(True) for x in (q0, kv0))
         outs = []
         for fn in (thd.causal_varlen_attention, compiled):
-            out = fn(q, k, v, cu2, max(lens2), scale)
-            outs.append([out.float(), *(x.float() for x in torch.autograd.grad((out.float() * w[:n]).sum(), (q, k, v)))])
+            out = fn(q, *kv.split(8, dim=1), cu2, max(lens2), scale)
+            dq, dkv = torch.autograd.grad((out.float() * w[:n]).sum(), (q, kv))
+            outs.append([x.float() for x in (out, dq, *dkv.split(8, dim=1))])
         d = [(a - b).abs().max().item() for a, b in zip(*outs)]
         print(f"GPU varlen compiled vs eager ({len(lens2)} samples, {n} tokens): max|diff| {dict(zip(names, d))}")
         assert all(x <= 2 ** -8 * r.abs().max().item() for x, r in zip(d, outs[0])), d
