@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install run test test-all lint bench bench-rollout bench-algorithms bench-async bench-megatron bench-sglang-gpu bench-data clean golden
+.PHONY: help install run test test-all lint bench bench-rollout bench-algorithms bench-async bench-megatron bench-megatron-mix bench-sglang-gpu bench-data clean golden
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -52,6 +52,9 @@ bench-data: $(STAMP) ## prompt data: in-memory vs streaming vs streaming+workers
 
 bench-megatron: ## (GPU) megatron vs torch backend: train tokens/s, MFU, peak memory, Qwen3-0.6B/4B shapes, seq 2048
 	$(PY) -m benchmarks.bench_megatron
+
+bench-megatron-mix: ## (GPU) padded vs packed vs packed + token budget on a realistic RL length mix, 4B/0.6B (TINY=1: on CPU)
+	$(PY) -m benchmarks.bench_megatron --mix $(if $(TINY),--tiny)
 
 bench-sglang-gpu: ## (GPU) sglang backend vs raw sgl.Engine tok/s, weight sync, colocated GRPO, sync vs async; 0.6B shape
 	$(PYTHON) -m benchmarks.bench_sglang_gpu all

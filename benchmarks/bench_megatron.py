@@ -17,6 +17,8 @@ from the same initialisation (same seed; checked by a weight checksum) and are c
 through the eager kernels (lp0_vs_eager_kernels_max_abs): the kernels' own difference, without the
 run-to-run difference of two compiled models. `--profile`: benchmarks/profile_step.py on one more step.
 
+`--mix` runs instead the rows on a realistic RL length mix, padded vs packed vs packed + token budget
+(benchmarks/bench_megatron_mix.py, which states the distribution; `--mix-models`, `--mix-variants`; `--tiny`: on CPU).
 `--variants` adds 4B megatron variants (indices into VARIANTS, or 'all') to the default rows.
 The figures measured on the H200 are in docs/gpu_results.md with the command that produced them.
 """
@@ -185,17 +187,36 @@ def compile_parity(rows: list[dict]) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seq", type=int, default=2048)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=None, help="default 3 (--mix: 2, the first step included)")
+    ap.add_argument("--iters", type=int, default=None, help="default 10 (--mix: 3)")
     ap.add_argument("--only", default="", help="comma-separated backend:model filters of the default rows, e.g. "
                     "megatron:qwen3_4b; 'none' keeps only --variants")
     ap.add_argument("--variants", default="", help="comma-separated indices into VARIANTS (4B, --global-batch-4b) or 'all'")
     ap.add_argument("--global-batch-4b", type=int, default=8, help="sequences per optimizer step of the 4B rows and "
                     "variants (the micro-batch stays; more sequences spread the step's fixed cost: optimizer, grad reduce)")
-    ap.add_argument("--out", default="bench_out/bench_megatron.json")
+    ap.add_argument("--out", default=None, help="default bench_out/bench_megatron.json (--mix: bench_megatron_mix.json)")
     ap.add_argument("--profile", action="store_true", help="profile one more step of each row (benchmarks/profile_step.py): "
                     "GPU kernel time by op class, idle gaps, top ops; into the JSON and printed")
+    ap.add_argument("--mix", action="store_true", help="the realistic length mix rows (benchmarks/bench_megatron_mix.py)")
+    ap.add_argument("--mix-models", default="qwen3_4b,addition,qwen3_0_6b", help="comma-separated keys of "
+                    "bench_megatron_mix.MODELS, in order (qwen3_4b, addition, qwen3_0_6b; --tiny: tiny)")
+    ap.add_argument("--mix-variants", default="budget,padded,packed", help="comma-separated: budget, padded, packed")
+    ap.add_argument("--mix-global-batch", type=int, default=64, help="samples per step of the rl mix (8 per prompt)")
+    ap.add_argument("--mix-dynamic-first", action="store_true", help="compile dynamic from the first shape: faster "
+                    "warm-up, less faithful graphs (bench_megatron_mix's docstring)")
+    ap.add_argument("--tiny", action="store_true", help="with --mix: the tiny model on CPU under the tests' megatron shim")
     args = ap.parse_args()
+    if args.mix:
+        from benchmarks import bench_megatron_mix  # it imports this module's helpers
+
+        bench_megatron_mix.main(["tiny"] if args.tiny else args.mix_models.split(","), args.mix_variants.split(","),
+                                args.mix_global_batch, 2 if args.warmup is None else args.warmup,
+                                3 if args.iters is None else args.iters, args.out or "bench_out/bench_megatron_mix.json",
+                                args.tiny, args.mix_dynamic_first)
+        return
+    args.warmup = 3 if args.warmup is None else args.warmup
+    args.iters = 10 if args.iters is None else args.iters
+    args.out = args.out or "bench_out/bench_megatron.json"
     from slime_hydra.config.store import register
 
     register()

@@ -9,16 +9,20 @@ no [S, S] mask anywhere), whatever model.attn_implementation says. (transformers
 itself from the restarting position ids, masking_utils.find_packed_sequence_indices, when given no attention
 mask and no KV cache; but as a dense [S, S] mask, which sdpa then computes in full: quadratic in the packed
 length, slower than padding on the CPU bench; tests/training/test_packing.py checks both agree.) megatron gets
-PackedSeqParams(qkv_format="thd") from the same cu_seqlens (training/megatron/model.py).
+PackedSeqParams(qkv_format="thd") from the same cu_seqlens (training/megatron/model.py), whose attention runs
+`causal_varlen_attention` where torch's varlen kernel takes the inputs (CUDA, fp16/bf16: one flash launch for the
+whole stream, no host sync) and `causal_loop_attention` (one SDPA call per sample) elsewhere.
 Packed token j of sample i (at offset j of it) predicts the sample's token j+1, so per-token outputs come
 back to the padded [n, T] layout with `unpack` (0 past each sample's end), where the losses run unchanged.
 """
 
 from __future__ import annotations
 
+import inspect
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +83,75 @@ def thd_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_m
              for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
     out = torch.cat(parts, dim=2) if parts else query  # [1, heads, S, dim]
     return out.transpose(1, 2).contiguous(), None
+
+
+@dataclass(frozen=True)
+class Varlen:
+    """torch.nn.attention.varlen.varlen_attn and how this torch's version of it is called (its signature changed:
+    torch 2.9/2.10 take is_causal and no scale; later ones window_size=(-1, 0) for causal and scale; enable_gqa later)."""
+
+    fn: Callable
+    causal: dict  # {"is_causal": True} or {"window_size": (-1, 0)} (a tuple: the function compares it to one)
+    takes_scale: bool
+    takes_gqa: bool  # enable_gqa=; without it k/v heads are repeated to the query heads
+
+
+def find_varlen() -> Optional[Varlen]:
+    """This torch's varlen_attn, or None where it lacks one or a way to ask for causal attention."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    if "is_causal" in params:
+        causal = {"is_causal": True}
+    elif "window_size" in params:
+        causal = {"window_size": (-1, 0)}
+    else:
+        return None
+    return Varlen(varlen_attn, causal, "scale" in params, "enable_gqa" in params)
+
+
+VARLEN = find_varlen()  # once at import: the attention below runs inside torch.compile'd layers
+
+
+def varlen_usable(query: Tensor, scale: Optional[float], dropout: float, max_seqlen: Optional[int]) -> bool:
+    """Whether causal_varlen_attention can run these [t, heads, dim] queries: a CUDA flash kernel (fp16/bf16, head
+    dim a multiple of 8 up to 256), no dropout, the default softmax scale unless this torch's varlen_attn takes one."""
+    dim = query.shape[-1]
+    return (VARLEN is not None and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and dropout == 0.0
+            and max_seqlen is not None and dim % 8 == 0 and dim <= 256
+            and (VARLEN.takes_scale or scale is None or math.isclose(scale, dim ** -0.5)))
+
+
+def causal_varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int,
+                            scale: Optional[float] = None) -> Tensor:
+    """q [t, heads, dim], k/v [t, kv_heads, dim] of packed samples -> [t, heads, dim], causal within each sample of
+    cu_seqlens [n+1]: torch's varlen flash kernel, one launch (check varlen_usable first)."""
+    kw = dict(VARLEN.causal)
+    if VARLEN.takes_scale:
+        kw["scale"] = scale
+    if k.shape[1] != q.shape[1]:
+        if VARLEN.takes_gqa:
+            kw["enable_gqa"] = True
+        else:
+            k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+    # megatron hands views of its fused qkv projection: the flash kernel is given dense tensors (a copy of k/v at most)
+    q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
+    cu = cu_seqlens.to(torch.int32)
+    return VARLEN.fn(q, k, v, cu, cu, max_seqlen, max_seqlen, **kw)
+
+
+def causal_loop_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, scale: Optional[float] = None,
+                          dropout: float = 0.0) -> Tensor:
+    """The same as causal_varlen_attention on any device and dtype: one causal SDPA call per sample (flash on the GPU,
+    the math kernel on CPU; no [t, t] mask), after a host read of cu_seqlens."""
+    bounds = cu_seqlens.tolist()
+    q, k, v = (t.transpose(0, 1) for t in (q, k, v))  # [heads, t, dim]
+    out = torch.cat([F.scaled_dot_product_attention(q[None, :, a:b], k[None, :, a:b], v[None, :, a:b], is_causal=True,
+                                                    scale=scale, dropout_p=dropout, enable_gqa=q.shape[0] != k.shape[0])[0]
+                     for a, b in zip(bounds[:-1], bounds[1:]) if b > a], dim=1)  # [heads, t, dim]
+    return out.transpose(0, 1)
 
 
 @contextmanager

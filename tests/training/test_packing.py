@@ -285,6 +285,103 @@ def test_megatron_packed_equals_padded_moe_and_partial_rotary(family, tmp_path):
     assert_megatron_same(megatron_run(cfg, hf, "bshd", algo), megatron_run(cfg, hf, "thd", algo), family)
 
 
+def test_megatron_thd_rope_equals_megatron_per_sample_rope():
+    """model._thd_rope (no host sync) against megatron's own per-sample THD rotary, bit for bit: samples of 3, 0 (an
+    empty one), 5 and 1 tokens over freqs of the longest sample (positions restart per sample), partial rotary (the
+    last 4 of 16 dims pass through), and megatron's exact-mapping case (freqs over the whole stream: one sample)."""
+    from tests.support.megatron_cpu import shim
+
+    shim.install()
+    from megatron.core.models.common.embeddings import rope_utils
+
+    from slime_hydra.training.megatron import model as mm
+
+    class OneRank:
+        def size(self):
+            return 1
+
+        def rank(self):
+            return 0
+
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(9, 2, 16, generator=g, dtype=torch.float64)  # [t, heads, dim]
+    cu = torch.tensor([0, 3, 3, 8, 9], dtype=torch.int32)
+    for freqs, cu_ in ((torch.randn(5, 1, 1, 12, generator=g, dtype=torch.float64), cu),  # longest sample: 5
+                       (torch.randn(9, 1, 1, 12, generator=g, dtype=torch.float64), torch.tensor([0, 9], dtype=torch.int32))):
+        ours = mm._thd_rope(t, cu_, freqs, cp_group=OneRank())
+        theirs = mm._MEGATRON_THD_ROPE(t, cu_, freqs, cp_group=OneRank())
+        assert torch.equal(ours, theirs) and not torch.equal(ours, t)
+    # by hand: token 1 of sample 2 (stream position 4) takes freqs row 1
+    freqs = torch.randn(5, 1, 1, 16, generator=g, dtype=torch.float64)
+    one = mm._thd_rope(t, cu, freqs, cp_group=OneRank())[4]
+    assert torch.equal(one, rope_utils._apply_rotary_pos_emb_bshd(t[4][None, None], freqs[1:2])[0, 0])
+
+
+def test_megatron_packed_layers_compile_without_graph_breaks_of_their_own(monkeypatch):
+    """train.megatron.compile_layers with thd: the packed path (model._thd_rope, SDPAttention._thd's varlen branch) traces
+    without a graph break of its own; the only breaks are megatron-core's tp_group deprecation warning (warnings.warn),
+    which the padded path has too. On CPU the varlen kernel is stood in for by a traceable dense masked SDPA (the real
+    kernel under torch.compile: tests/training/megatron/test_gpu.py); dynamo's aot_eager backend (no C++ compile)."""
+    import dataclasses
+
+    from torch._dynamo.utils import counters
+
+    from slime_hydra.training import thd
+    from tests.support.megatron_cpu import shim, workers
+
+    shim.install()
+    from slime_hydra.training.megatron import model as mm
+
+    def dense(q, k, v, cu, cu_k, max_q, max_k, is_causal=False, scale=None, enable_gqa=False):
+        idx = torch.arange(q.shape[0])
+        seg = torch.searchsorted(cu.long(), idx, right=True)  # [t] each token's sample
+        mask = (seg[:, None] == seg[None, :]) & (idx[:, None] >= idx[None, :])
+        out = torch.nn.functional.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), attn_mask=mask,
+                                                               scale=scale, enable_gqa=enable_gqa)
+        return out[0].transpose(0, 1)
+
+    monkeypatch.setattr(thd, "VARLEN", thd.Varlen(dense, {"is_causal": True}, True, True))
+    monkeypatch.setattr(mm, "varlen_usable", lambda q, scale, dropout, max_seqlen: max_seqlen is not None)
+    cfg, _, hf = workers.tiny_setup(["train.micro_batch_size=2"])
+    torch._dynamo.reset()
+    counters.clear()
+    train = dataclasses.replace(cfg.train, qkv_format="thd", skip_zero_advantage_samples=False, num_steps_per_rollout=1)
+    b = trainers.megatron_backend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, AlgorithmConfig(), train, 1.0, 10,
+                                  CPU, max_response_len=8, seed=cfg.seed)
+    for layer in b.gpt.decoder.layers:
+        layer.compile(backend="aot_eager")
+    b.train_rollout(workers.uneven_batch())  # 2 micro-batches of 22 and 23 packed tokens
+    reasons, graphs = list(counters["graph_break"]), counters["stats"]["unique_graphs"]
+    torch._dynamo.reset()
+    assert graphs > 0  # the layers did compile
+    assert all("_warnings.warn" in r for r in reasons), reasons
+
+
+def test_varlen_signature_forms(monkeypatch):
+    """thd.find_varlen reads how this torch's varlen_attn asks for causal attention: is_causal (torch 2.9/2.10, no
+    scale, no enable_gqa) or window_size=(-1, 0) (later; scale, and enable_gqa later still); neither: no varlen.
+    On CPU the packed attention always takes the per-sample loop."""
+    import torch.nn.attention.varlen as varlen
+
+    from slime_hydra.training import thd
+
+    def old(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None): ...
+
+    def new(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1),
+            enable_gqa=False): ...
+
+    def other(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k): ...
+
+    monkeypatch.setattr(varlen, "varlen_attn", old)
+    assert thd.find_varlen() == thd.Varlen(old, {"is_causal": True}, False, False)
+    monkeypatch.setattr(varlen, "varlen_attn", new)
+    assert thd.find_varlen() == thd.Varlen(new, {"window_size": (-1, 0)}, True, True)
+    monkeypatch.setattr(varlen, "varlen_attn", other)
+    assert thd.find_varlen() is None
+    q = torch.zeros(4, 2, 8, dtype=torch.bfloat16)
+    assert not thd.varlen_usable(q, None, 0.0, 4)  # CPU
+
+
 def tp2_main(rank: int, port: int, out_dir: str) -> None:
     import dataclasses
     import os

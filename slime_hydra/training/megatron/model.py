@@ -4,7 +4,8 @@ The layer spec is megatron's local (Transformer-Engine-free) spec with the core 
 replaced by torch's fused scaled_dot_product_attention (flash / cuDNN / memory-efficient kernels
 on Hopper; the math kernel on CPU) instead of megatron's unfused baddbmm + softmax. Sequences are
 right-padded and attention is causal, so real tokens never attend to padding and no mask tensor
-is needed; packed samples (train.qkv_format=thd, PackedSeqParams) run one causal SDPA call each.
+is needed; packed samples (train.qkv_format=thd, PackedSeqParams) run torch's varlen kernel on the GPU (one SDPA
+call each elsewhere), and megatron's THD rotary is replaced by one without host syncs (_thd_rope).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state as ps
+from megatron.core.models.common.embeddings import rope_utils
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
 from megatron.core.transformer.attention import SelfAttention
@@ -21,6 +23,7 @@ from megatron.core.transformer.transformer_config import MLATransformerConfig, T
 
 from slime_hydra.config.schema import ModelConfig, ParallelismConfig
 from slime_hydra.models.hf_check import moe_layer_pattern
+from slime_hydra.training.thd import causal_loop_attention, causal_varlen_attention, varlen_usable
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -51,17 +54,17 @@ class SDPAttention(DotProductAttention):
 
     def _thd(self, query, key, value, packed_seq_params):
         """Packed samples (train.qkv_format=thd): [t, heads, dim] in (megatron squeezed the batch of 1), [t, heads*dim]
-        out; causal attention within each sample of cu_seqlens, one SDPA call per sample (flash on the GPU, no [t, t]
-        mask; megatron's own varlen kernel is Transformer Engine's)."""
+        out; causal attention within each sample of cu_seqlens: torch's varlen flash kernel on the GPU (one launch, no
+        host sync: it runs inside torch.compile'd layers), else one SDPA call per sample (training/thd.py; megatron's
+        own varlen kernel is Transformer Engine's)."""
         assert packed_seq_params.qkv_format == "thd", packed_seq_params.qkv_format
-        bounds = packed_seq_params.cu_seqlens_q.tolist()
-        q, k, v = (t.transpose(0, 1) for t in (query, key, value))  # [heads, t, dim]
+        p = packed_seq_params
         dropout = self.config.attention_dropout if self.training else 0.0
-        out = torch.cat([F.scaled_dot_product_attention(q[None, :, a:b], k[None, :, a:b], v[None, :, a:b], is_causal=True,
-                                                        scale=self.softmax_scale, dropout_p=dropout,
-                                                        enable_gqa=q.shape[0] != k.shape[0])[0]
-                         for a, b in zip(bounds[:-1], bounds[1:]) if b > a], dim=1)  # [heads, t, dim]
-        return out.transpose(0, 1).reshape(out.shape[1], -1)
+        if varlen_usable(query, self.softmax_scale, dropout, p.max_seqlen_q):
+            out = causal_varlen_attention(query, key, value, p.cu_seqlens_q, p.max_seqlen_q, self.softmax_scale)
+        else:
+            out = causal_loop_attention(query, key, value, p.cu_seqlens_q, self.softmax_scale, dropout)
+        return out.reshape(out.shape[0], -1)
 
 
 def _norm(config: TransformerConfig):
@@ -157,10 +160,32 @@ def _without_te() -> None:
         moe_utils.te_general_gemm = None
 
 
+def _thd_rope(t, cu_seqlens, freqs, rotary_interleaved=False, multi_latent_attention=False, mscale=1.0, cp_group=None):
+    """megatron-core 0.16.1's unfused THD rotary (rope_utils._apply_rotary_pos_emb_thd) without its host syncs: it reads
+    cu_seqlens with .tolist() and branches on a tensor, which inside a torch.compile'd layer breaks the graph twice per
+    call and recompiles for each new number of samples. The same rows of freqs, gathered on the device: token j of
+    sample i gets freqs[j] (freqs over the longest sample), or freqs[cu_seqlens[i] + j] when freqs covers the whole
+    stream (megatron's exact-mapping case); the same _apply_rotary_pos_emb_bshd on them, so the same numbers.
+    Context parallelism keeps megatron's own."""
+    if cp_group is not None and cp_group.size() > 1:
+        return _MEGATRON_THD_ROPE(t, cu_seqlens, freqs, rotary_interleaved=rotary_interleaved,
+                                  multi_latent_attention=multi_latent_attention, mscale=mscale, cp_group=cp_group)
+    idx = torch.arange(t.shape[0], device=t.device)  # [t]
+    cu = cu_seqlens.long()
+    start = cu[torch.searchsorted(cu, idx, right=True) - 1]  # [t] the first token of each token's sample
+    pos = torch.where(cu[-1] == freqs.shape[0], idx, idx - start)
+    return rope_utils._apply_rotary_pos_emb_bshd(t.unsqueeze(1), freqs[pos], rotary_interleaved=rotary_interleaved,
+                                                 multi_latent_attention=multi_latent_attention, mscale=mscale).squeeze(1)
+
+
+_MEGATRON_THD_ROPE = rope_utils._apply_rotary_pos_emb_thd
+
+
 def layer_spec(m: ModelConfig, config: TransformerConfig, sdpa: bool = True):
     """The local spec: one layer spec (dense), or per-layer specs following model.moe_layer_freq (MoE)."""
     if m.multi_latent_attention or m.num_experts:
         _without_te()
+    rope_utils._apply_rotary_pos_emb_thd = _thd_rope  # read at each call by rope_utils.apply_rotary_pos_emb
     if m.num_experts:  # dense and MoE layers interleaved (e.g. deepseek-v3's first 3 dense layers)
         block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=m.normalization)
         specs = block.layer_specs

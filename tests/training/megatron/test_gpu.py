@@ -123,3 +123,60 @@ def test_compiled_log_probs_match_eager_and_float64():
           f"lp, ent, grad: {between}")
     for r in report.values():  # fp32 statistics over 152k columns; the gradient rounded to bf16 (2^-8 relative)
         assert r["lp"] < 1e-3 and r["ent"] < 1e-3 and r["grad_rel"] < 5e-3
+
+
+def test_varlen_attention_matches_per_sample_loop():
+    """train.qkv_format=thd's GPU attention (training/thd.py causal_varlen_attention: torch's varlen flash kernel, one
+    launch) against the per-sample SDPA loop it replaces, Qwen3-4B's heads (32 query, 8 kv, dim 128) in bf16 over
+    ragged samples (1, 7, 300, 1200, 0, 64, 2049 and 513 tokens), forward and backward; both measured against the loop
+    in float32. Tolerance from bf16: the varlen error may be at most twice the loop's own plus one bf16 rounding
+    (2^-8 relative) of the largest value. Then the same under torch.compile with dynamic shapes (as inside compile_layers
+    in bench_megatron --mix), for two different cu_seqlens: equal to eager within one bf16 rounding."""
+    from slime_hydra.training import thd
+
+    assert thd.VARLEN is not None, "this torch has no usable torch.nn.attention.varlen.varlen_attn"
+    lens = [1, 7, 300, 1200, 0, 64, 2049, 513]
+    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+    t, scale = int(cu[-1]), 128 ** -0.5
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q0 = torch.randn(t, 32, 128, device="cuda", generator=g)
+    kv0 = torch.randn(t, 16, 128, device="cuda", generator=g)  # k and v: strided views of one tensor, as megatron's qkv
+    w = torch.randn(t, 32, 128, device="cuda", generator=g)
+    assert thd.varlen_usable(q0.bfloat16(), scale, 0.0, max(lens))
+
+    def run(fn, dtype):
+        q, kv = (x.to(dtype, copy=True).requires_grad_(True) for x in (q0, kv0))
+        out = fn(q, *kv.split(8, dim=1))
+        dq, dkv = torch.autograd.grad((out.float() * w).sum(), (q, kv))
+        return [x.float() for x in (out, dq, *dkv.split(8, dim=1))]
+
+    def varlen(q, k, v):
+        return thd.causal_varlen_attention(q, k, v, cu, max(lens), scale)
+
+    def loop(q, k, v):
+        return thd.causal_loop_attention(q, k, v, cu, scale)
+
+    ref, lp, vl = run(loop, torch.float32), run(loop, torch.bfloat16), run(varlen, torch.bfloat16)
+    names = ("out", "dq", "dk", "dv")
+    err_loop = [(a - r).abs().max().item() for a, r in zip(lp, ref)]
+    err_var = [(a - r).abs().max().item() for a, r in zip(vl, ref)]
+    bound = [2 * e + 2 ** -8 * r.abs().max().item() for e, r in zip(err_loop, ref)]
+    print(f"\nGPU varlen attention ({thd.VARLEN.causal}, scale arg {thd.VARLEN.takes_scale}, enable_gqa "
+          f"{thd.VARLEN.takes_gqa}) vs float32 loop, max|diff| {dict(zip(names, err_var))}; bf16 loop's own "
+          f"{dict(zip(names, err_loop))}")
+    for n, e, b in zip(names, err_var, bound):
+        assert e <= b, (n, e, b)
+
+    compiled = torch.compile(thd.causal_varlen_attention, dynamic=True)
+    for lens2 in (lens, [5, 1000, 3, 700]):
+        cu2 = torch.tensor([0] + lens2, device="cuda").cumsum(0).to(torch.int32)
+        n = int(cu2[-1])
+        q, kv = (x[:n].to(torch.bfloat16, copy=True).requires_grad_(True) for x in (q0, kv0))
+        outs = []
+        for fn in (thd.causal_varlen_attention, compiled):
+            out = fn(q, *kv.split(8, dim=1), cu2, max(lens2), scale)
+            dq, dkv = torch.autograd.grad((out.float() * w[:n]).sum(), (q, kv))
+            outs.append([x.float() for x in (out, dq, *dkv.split(8, dim=1))])
+        d = [(a - b).abs().max().item() for a, b in zip(*outs)]
+        print(f"GPU varlen compiled vs eager ({len(lens2)} samples, {n} tokens): max|diff| {dict(zip(names, d))}")
+        assert all(x <= 2 ** -8 * r.abs().max().item() for x, r in zip(d, outs[0])), d
