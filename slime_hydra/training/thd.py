@@ -4,12 +4,12 @@ A right-padded micro-batch (ids/attention [n, T+1], training/batch.py) becomes o
 tokens: each sample's tokens but its last (which predicts nothing), one after the other; position_ids restart
 at 0 per sample, and `cu_seqlens` [n+1] (int32) bounds the samples. Attention stays inside each sample
 (block-diagonal causal). For a transformers model `thd_logits` runs the model's attention layers through
-`thd_attention`: one causal SDPA call per sample of cu_seqlens (flash / memory-efficient kernels on the GPU,
-no [S, S] mask anywhere), whatever model.attn_implementation says. (transformers would also build that mask
+`thd_attention` (causal within each sample of cu_seqlens, no [S, S] mask anywhere), whatever
+model.attn_implementation says. (transformers would also build that mask
 itself from the restarting position ids, masking_utils.find_packed_sequence_indices, when given no attention
 mask and no KV cache; but as a dense [S, S] mask, which sdpa then computes in full: quadratic in the packed
 length, slower than padding on the CPU bench; tests/training/test_packing.py checks both agree.) megatron gets
-PackedSeqParams(qkv_format="thd") from the same cu_seqlens (training/megatron/model.py), whose attention runs
+PackedSeqParams(qkv_format="thd") from the same cu_seqlens (training/megatron/model.py). Both attentions run
 `causal_varlen_attention` where torch's varlen kernel takes the inputs (CUDA, fp16/bf16: one flash launch for the
 whole stream, no host sync) and `causal_loop_attention` (one SDPA call per sample) elsewhere.
 Packed token j of sample i (at offset j of it) predicts the sample's token j+1, so per-token outputs come
@@ -76,13 +76,13 @@ def thd_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_m
     unsupported = [k for k in ("sliding_window", "softcap", "s_aux") if kwargs.get(k) is not None]
     if unsupported:  # plain causal attention only: say so rather than drop a model's attention variant
         raise NotImplementedError(f"train.qkv_format=thd: the packed attention has no {unsupported}; use train.qkv_format=bshd")
-    bounds = cu_seq_lens_q.tolist()
-    gqa = query.shape[1] != key.shape[1]
-    parts = [F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True,
-                                            dropout_p=dropout, scale=scaling, enable_gqa=gqa)
-             for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
-    out = torch.cat(parts, dim=2) if parts else query  # [1, heads, S, dim]
-    return out.transpose(1, 2).contiguous(), None
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [S, heads, dim]
+    max_seqlen = kwargs.get("max_length_q")
+    if varlen_usable(q, scaling, dropout, max_seqlen):  # the GPU: one flash launch, as megatron's SDPAttention._thd
+        out = causal_varlen_attention(q, k, v, cu_seq_lens_q, max_seqlen, scaling)
+    else:
+        out = causal_loop_attention(q, k, v, cu_seq_lens_q, scaling, dropout)
+    return out[None].contiguous(), None  # [1, S, heads, dim]
 
 
 @dataclass(frozen=True)
