@@ -35,12 +35,8 @@ import time
 
 import torch
 
-PEAK = 790e12
-# session 4's 4B winner: torch.compile of each layer, bf16 gradient buffers
-V1 = ("train.megatron.compile_layers=true", "train.megatron.grad_reduce_in_fp32=false")
-# + session 5's (profile: eager fp32 log-prob passes ~160 ms and foreach AdamW ~76 ms of a 1.17 s step):
-# fused log-prob kernels, torch's fused AdamW
-BEST = V1 + ("train.megatron.compile_log_probs=true", "train.adam_impl=fused")
+from benchmarks.megatron_settings import BEST, PEAK, V1, flops_per_token
+
 EAGER = ("train.megatron.grad_reduce_in_fp32=false",)
 
 ROWS = [  # (backend, model option, micro-batch, global batch, overrides); torch's "recompute": HF gradient checkpointing
@@ -61,14 +57,6 @@ VARIANTS = [  # megatron, qwen3_4b, global batch --global-batch-4b: (micro-batch
     (4, BEST),  # 7: no recompute (now the default 4B row)
     (2, V1),  # 8: session 4's default 4B row; the compile parity partner of 5
 ]
-
-
-def flops_per_token(m, seq: int, vocab: int) -> float:
-    d_attn = m.num_attention_heads * m.kv_channels
-    kv = m.num_query_groups * m.kv_channels
-    per_layer = m.hidden_size * (d_attn + 2 * kv) + d_attn * m.hidden_size + 3 * m.hidden_size * m.ffn_hidden_size
-    n = m.num_layers * per_layer + vocab * m.hidden_size  # + the output projection
-    return 6 * n + 6 * m.num_layers * seq * d_attn
 
 
 def batch(n: int, seq: int, vocab: int):
@@ -207,7 +195,7 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="with --mix: the tiny model on CPU under the tests' megatron shim")
     args = ap.parse_args()
     if args.mix:
-        from benchmarks import bench_megatron_mix  # it imports this module's helpers
+        from benchmarks import bench_megatron_mix
 
         bench_megatron_mix.main(["tiny"] if args.tiny else args.mix_models.split(","), args.mix_variants.split(","),
                                 args.mix_global_batch, 2 if args.warmup is None else args.warmup,

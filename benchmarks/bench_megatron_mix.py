@@ -49,7 +49,7 @@ from types import SimpleNamespace
 
 import torch
 
-from benchmarks.bench_megatron import BEST, PEAK, flops_per_token
+from benchmarks.megatron_settings import BEST, PEAK, flops_per_token
 
 NO_COMPILE = ("train.megatron.compile_layers=false", "train.megatron.compile_log_probs=false")
 
