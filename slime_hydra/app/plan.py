@@ -225,9 +225,10 @@ def sync_lines(cfg: RunConfig, layout: Layout) -> list[str]:
                             "NCCL on GPU; /update_weights_from_distributed)",
              "disk": "a safetensors file the driver writes, then each engine's /update_weights_from_disk"}[mode]
     ranks = engine_ranks(layout.actor_bundles, layout.engine_bundles)
-    if (mode == "tensor" and c.backend == "ray" and cfg.train.backend == "megatron" and ranks is not None
-            and cfg.parallelism.pipeline_model_parallel_size == 1):  # orchestration/rank_weights.py
-        source = "each train rank's own TP-gathered Hugging Face tensors, staged on its device (nothing through the object store)"
+    if (mode == "tensor" and c.backend == "ray" and ranks is not None
+            and (cfg.train.backend != "megatron" or cfg.parallelism.pipeline_model_parallel_size == 1)):  # rank_weights.py
+        gathered = "TP-gathered " if cfg.train.backend == "megatron" else ""
+        source = f"each train rank's own {gathered}Hugging Face tensors, staged on its device (nothing through the object store)"
         route = (f"{buckets}, each serialised by the train rank(s) on the engine's bundles ("
                  + "; ".join(f"engine {e}: rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}" for e, rs in enumerate(ranks))
                  + ") as handles to their tensors (CUDA IPC on GPU, shared-memory files on CPU), posted to the engine's "

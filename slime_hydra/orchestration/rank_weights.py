@@ -86,6 +86,11 @@ class RankWeights:
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         return iter(self._fallback())
 
+    @property
+    def ref(self):
+        """The object-store reference a rollout manager of local engines hands on (train_group.WeightsRef.ref)."""
+        return self._fallback().ref
+
 
 def engine_ranks(actor_bundles: tuple[int, ...], engine_bundles: tuple[tuple[int, ...], ...]) -> Optional[list[list[int]]]:
     """The train rank on each of each engine's bundles, or None if an engine has a bundle with no train rank (the

@@ -5,7 +5,8 @@ per rank and `train_rollout` is `ray.get` of it, so a loop that wants training t
 rollout calls the first and gets the result later: where the `ray.get` sits decides the
 synchronisation. Each optimizer step's samples are split evenly over the ranks; gradients are
 all-reduced inside the ranks (slime_hydra/training/distributed.py), so every rank holds the same
-weights and rank 0 answers for the group (weights, checkpoints, state). The SFT warm start gives every
+weights and rank 0 answers for the group (weights, checkpoints, state); colocated SGLang engines get the weights
+of the rank(s) on their own bundles instead (orchestration/rank_weights.py). The SFT warm start gives every
 rank the whole batch: identical work, identical weights, no communication.
 
 Ranks log their own timings into the driver's MLflow run by run id (`perf/rank<r>_train_time_s`).
@@ -26,6 +27,7 @@ from slime_hydra.config.schema import ModelConfig
 from slime_hydra.orchestration import stacks
 from slime_hydra.orchestration.calls import RayCalls
 from slime_hydra.orchestration.placement import Layout, node_ip_and_free_port, on_bundle
+from slime_hydra.orchestration.rank_weights import RankStage, RankWeights, engine_ranks
 from slime_hydra.orchestration.stacks import ActorProcess
 from slime_hydra.protocols import TrainBatch
 from slime_hydra.runtime import seed_everything
@@ -52,8 +54,9 @@ def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     return {k: per_rank[0][k] if k in IDENTICAL_ON_RANKS else sum(m.get(k, 0.0) for m in per_rank) for k in keys}
 
 
-class TrainRank:
-    """One data-parallel rank (a Ray actor): a DataParallelTorchBackend on its bundle's device."""
+class TrainRank(RankStage):
+    """One data-parallel rank (a Ray actor): a DataParallelTorchBackend on its bundle's device; RankStage: weights sent
+    to a colocated engine."""
 
     def __init__(self, rank: int, world_size: int, use_gpu: bool, num_threads: Optional[int],
                  tracking_uri: Optional[str], run_id: Optional[str]):
@@ -129,6 +132,7 @@ class TrainGroup:
         world = len(layout.actor_bundles)
         self.calls, self.distributed_timeout_s = calls, distributed_timeout_s
         self.labels = [f"rank {r}" for r in range(world)]
+        self.engine_ranks = engine_ranks(layout.actor_bundles, layout.engine_bundles)  # None: not colocated
         actor = ray.remote(TrainRank)
         self.ranks = [actor.options(**layout.actor_options(), **on_bundle(pg, b)).remote(r, world, layout.use_gpu, num_threads,
                                                                                           tracking_uri, run_id)
@@ -166,7 +170,15 @@ class TrainGroup:
     def sft_step(self, batch: TrainBatch, lr: float) -> float:
         return self._all("sft_step", batch, lr)
 
-    def named_weights(self) -> WeightsRef:
+    def named_weights(self) -> WeightsRef | RankWeights:
+        """Colocated engines: each rank stages its own (identical) weights on its device, sent from there
+        (orchestration/rank_weights.py). Otherwise, or when iterated: rank 0's, in the object store."""
+        if self.engine_ranks is None:
+            return self._in_object_store()
+        self.calls.get([r.stage_weights.remote() for r in self.ranks], "staging the weights", self.labels)
+        return RankWeights(self.ranks, self.engine_ranks, self.calls, self._in_object_store)
+
+    def _in_object_store(self) -> WeightsRef:
         return WeightsRef(self.ranks[0].named_weights.remote(), self.calls)
 
     def save_hf(self, path: str, tokenizer) -> None:

@@ -3,7 +3,8 @@
 One short GRPO run (1 torch train rank + 1 engine, disaggregated: weights over a gloo update group from the
 driver) on the session's real `ray start --head` cluster (2 CPUs: one bundle each). The server is the
 engine actor's child; every weight sync is checked equal (`check_weight_update_equal`); a server killed
-mid-rollout is relaunched through its actor and resynced; after shutdown no server process is left.
+mid-rollout is relaunched through its actor and resynced; after shutdown no server process is left. First, on its
+own: the same run colocated (the rank and the engine share one bundle), its weights sent from the rank.
 """
 
 from __future__ import annotations
@@ -44,6 +45,36 @@ def gone(pid: int) -> bool:
         return True
     with open(f"/proc/{pid}/stat") as f:  # a zombie has exited
         return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_colocated_engine_gets_the_weights_from_the_rank_on_its_bundle(ray_head, tmp_path):
+    """cluster.colocate=true: 1 torch rank and 1 engine on one bundle; each sync's handles come from the rank's own
+    tensors (orchestration/rank_weights.py: shared-memory files on CPU), not from the driver. 2 rollouts, each sync
+    checked equal on the rank; the engine is checked once more here against rank 0's weights through the object store.
+    Runs before the module's disaggregated run, which holds both CPUs of the cluster."""
+    import ray
+
+    from slime_hydra.app.build import build
+    from slime_hydra.engine import loop
+    from slime_hydra.orchestration.rank_weights import RankWeights
+    from slime_hydra.rollout.sglang import weights as W
+
+    ray.init(address=ray_head.gcs_address, logging_level="WARNING")
+    cfg = compose_run([a for a in ARGS if a != "cluster.colocate=false"] + ["cluster.colocate=true"])
+    c = build(cfg, str(tmp_path))
+    try:
+        r = c.rollout
+        assert r.mode == "tensor" and r.group.launcher.layout.engine_bundles == ((0,),)
+        history = loop.run(cfg, c, str(tmp_path / "ckpt"))
+        assert [m["rollout/weight_version"] for _, m in history if "rollout/weight_version" in m] == [0.0, 1.0]
+        assert r.weight_version == 2 == r.synced_version
+        assert isinstance(r._last_weights, RankWeights) and r._last_weights.engine_ranks == [[0]]
+        named = list(c.trainer.named_weights())  # iterated: rank 0's, through the object store
+        (e,) = r.group.engines
+        assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)
+    finally:
+        c.rollout.shutdown()
+        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
