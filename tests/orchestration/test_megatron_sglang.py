@@ -141,8 +141,8 @@ def versions_of(history) -> list[float]:
     return [m["rollout/weight_version"] for _, m in history if "rollout/weight_version" in m]
 
 
-# The default tier (same VM, same load): the disaggregated fixture 379 s (the engines' start most of it), the kill 196 s,
-# the colocated case 311 s
+# The default tier (2026-12-03, this 2-core VM at load ~15, 553 s in all): the disaggregated fixture 185 s (the engines'
+# start most of it), the DP=2 pair on its engines 95 s (its ranks' start 83), the kill 70 s, the colocated case 176 s
 SHORT = ["warmstart.steps=0", "num_rollout=2", "eval.eval_interval=null", "rollout.rollout_batch_size=8", "train.micro_batch_size=16"]
 
 
