@@ -179,6 +179,8 @@ def test_colocated_syncs_from_tensors_every_update_equal(cluster, tmp_path):
 # experiment's size (32 prompts x 8) through the two engines, disaggregated; its bounds (EVAL_RISE_MIN, REWARD_RISE_MIN)
 # One run (2026-12-03, this 2-core VM at load ~11, 551 s): held-out 0.650 -> 0.785, reward fitted rise +0.125 over the
 # 30 rollouts (test_sglang.py's torch runs: +0.122 and +0.131 on average over 50)
+# DP=2 (2026-12-03, 350 s at load ~9): held-out 0.625 -> 0.735, reward fitted rise +0.078 (0.527 first, 0.438 last,
+# noisy); before sft_step split its rows over DP (each rank took all: twice the gradient) the warm start reached 0.315
 LEARN_ROLLOUTS = 30
 
 
