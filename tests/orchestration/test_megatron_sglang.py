@@ -1,8 +1,9 @@
 """train.backend=megatron with rollout.backend=sglang under cluster.backend=ray: both halves as Ray actors on CPU.
 
-2 megatron ranks (TP=2 over gloo) and 2 real SGLang CPU engines behind the real sglang-router, on a `ray start --head`
-cluster of 4 CPUs this module starts (4 bundles when disaggregated). The ranks gather their TP shards to Hugging Face
-names; rank 0's tensors reach the driver through the object store and go to each engine in buckets, over a gloo update
+2 megatron ranks (TP=2 over gloo; a second pair with DP=2, TP=1, drives the same engines) and 2 real SGLang CPU engines
+behind the real sglang-router, on a `ray start --head` cluster of 6 CPUs this module starts (4 bundles when
+disaggregated, 2 more for the DP=2 pair); their log-probs and first train step are the in-process megatron run's. The
+ranks gather their TP shards to Hugging Face names; rank 0's tensors reach the driver through the object store and go to each engine in buckets, over a gloo update
 group (disaggregated) or from tensors (colocated), inside pause/flush/continue; every sync is checked equal
 (`rollout.check_weight_update_equal=true`) and every sample carries the weight version that generated it. The ranks
 run megatron on CPU under tests/support/megatron_cpu/shim.py, installed in every worker of the job by a
@@ -31,9 +32,11 @@ SHIM_HOOK = "tests.support.megatron_cpu.shim.install"  # as tests/orchestration/
 pytestmark = pytest.mark.sglang
 
 EXPERIMENT = "experiment=grpo/qwen3-tiny-addition-cpu-sglang-torch-v1"
-MEGATRON = ["train=megatron", "parallelism.tensor_model_parallel_size=2"]
+# the two layouts of 2 ranks: TP=2 (DP=1), and TP=1 (DP=2: each rank trains its share of a step's samples)
+TP2 = ["parallelism.tensor_model_parallel_size=2"]
+DP2 = ["parallelism.tensor_model_parallel_size=1"]
 RAY = ["cluster.backend=ray", "cluster.actor_num_gpus_per_node=2", "cluster.rollout_num_gpus=2"]
-COMMON = [EXPERIMENT, *MEGATRON, "logger=none", "logger.progress_bar=false", "train.lr_decay_style=constant",
+COMMON = [EXPERIMENT, "train=megatron", "logger=none", "logger.progress_bar=false", "train.lr_decay_style=constant",
           "cluster.device=cpu", "rollout.check_weight_update_equal=true", "rollout.use_fault_tolerance=true",
           "rollout.rollout_health_check_interval=1", "rollout.rollout_health_check_first_wait=600",
           "rollout.sglang.max_total_tokens=16384", "rollout.sglang_router_policy=round_robin",
@@ -43,7 +46,7 @@ COMMON = [EXPERIMENT, *MEGATRON, "logger=none", "logger.progress_bar=false", "tr
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A `ray start --head` of 4 CPUs (2 train + 2 rollout bundles of one CPU); every worker of this job installs the
+    """A `ray start --head` of 6 CPUs (2 train + 2 rollout bundles of one CPU, + 2 for the DP=2 ranks); every worker of this job installs the
     CPU shim first. Stopped by its own process id."""
     import ray
 
@@ -53,7 +56,7 @@ def cluster():
                                                  "--dashboard-agent-grpc-port", "--metrics-export-port",
                                                  "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port")}
     args = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
-            "--num-cpus", "4", "--num-gpus", "0", "--object-store-memory", str(200 * 2**20), "--include-dashboard", "false",
+            "--num-cpus", "6", "--num-gpus", "0", "--object-store-memory", str(200 * 2**20), "--include-dashboard", "false",
             "--temp-dir", temp, "--disable-usage-stats", *[x for kv in ports.items() for x in kv]]
     log = Path(temp) / "ray_start.log"
     proc = _start(args, log, env={"RAY_TMPDIR": temp, "RAY_AUTH_MODE": "disabled"})
@@ -77,10 +80,14 @@ def built(tmp: Path, args: list[str]):
     return cfg, build(cfg, str(tmp))
 
 
-def first_step_log_probs(args: list[str], cfg, c) -> dict[str, float]:
-    """Before training: samples drawn from the engines (the initial weights); their log-probs from the Ray TP=2 ranks, from
-    the single-process megatron backend (TP=1, the same seed: the same initial weights) on the same batch, and the
-    engines' own. -> the largest differences over the response tokens."""
+def first_step(args: list[str], cfg, c) -> dict:
+    """Before training: samples drawn from the engines (the initial weights); their log-probs from the Ray ranks, from
+    the single-process megatron backend (TP=PP=DP=1, the same seed: the same initial weights) on the same batch, and the
+    engines' own -> the largest differences over the response tokens. Then the first train step (train_rollout) of that
+    batch on both -> "train": {metric: (Ray, single process)}. Its advantages are set, not scored (the untrained
+    model's rewards tie, so GRPO's would all be 0 and nothing would train): -1, 0, 1 in turn, so 11 of the 32 samples
+    are skipped (train.skip_zero_advantage_samples) and DP=2 splits the other 21 as 11 + 10. The Ray ranks are one step
+    on when the loop starts from them."""
     from slime_hydra.app.algorithm import run_specs
     from slime_hydra.app.build import build_trainer
     from slime_hydra.models.build import build_model
@@ -89,15 +96,37 @@ def first_step_log_probs(args: list[str], cfg, c) -> dict[str, float]:
     c.rollout.update_weights(c.trainer.named_weights(), version=0)  # checked equal
     samples = [s for g in c.source.next_groups(4) for s in g]
     asyncio.run(c.rollout.generate(samples, SamplingParams(1.0, 1.0, -1, cfg.rollout.rollout_max_response_len, ())))
-    batch = collate(samples, torch.zeros(len(samples)), c.tokenizer.pad_token_id)
+    batch = collate(samples, torch.tensor([float(i % 3 - 1) for i in range(len(samples))]), c.tokenizer.pad_token_id)
     ray_lp = c.trainer.compute_log_probs(batch)
     one = compose_run([a for a in args if a not in RAY and "tensor_model_parallel" not in a and "colocate" not in a])
     local = build_trainer(one, run_specs(one), build_model(one.model, c.tokenizer, one.seed), torch.device("cpu"))
     local_lp = local.compute_log_probs(batch)
+    ray_m, local_m = c.trainer.train_rollout(batch), local.train_rollout(batch)
     m = batch.loss_mask.bool()
     return {"tokens": float(m.sum()), "ray_vs_local": float((ray_lp - local_lp)[m].abs().max()),
             "ray_vs_engine": float((ray_lp - batch.rollout_log_probs)[m].abs().max()),
-            "engine_lp_mean": float(batch.rollout_log_probs[m].mean())}
+            "engine_lp_mean": float(batch.rollout_log_probs[m].mean()),
+            "train": {k: (ray_m[k], local_m.get(k)) for k in ray_m} | {k: (None, v) for k, v in local_m.items() if k not in ray_m}}
+
+
+# float32, unit roundoff u = 2^-24 = 6e-8. The layouts add the same terms in other orders: TP=2 each row-parallel matmul's
+# two halves (reductions of up to 384 terms), DP=2 a step's samples in two rank partials (metrics summed after, gradients
+# all-reduced), the single process micro-batches of 16 + 5 samples. Reordering a sum of n terms moves it by at most
+# (n - 1) u sum|terms| (2.3e-5 relative for n = 384), by about sqrt(n) u = 1.2e-6 as a random walk; the backward pass
+# through 4 layers compounds a few such: rel 1e-5, between the two. Measured (2026-12-03): TP=2 grad_norm 7.4e-7
+# relative (12 u), entropy 3e-8; DP=2 entropy 9e-8, grad_norm and log-probs bit-equal. A metric that averages
+# |log-prob - engine's| (1.5e-7 itself) moves by at most the largest log-prob difference: that is its absolute bound.
+STEP_REL = 1e-5
+
+
+def assert_first_step_equal(step: dict) -> None:
+    """The Ray ranks' first step is the single process's: the same metrics, each to float32 rounding."""
+    train, atol = step["train"], max(1e-7, step["ray_vs_local"])
+    assert {"train/loss", "train/pg_loss", "train/grad_norm", "train/entropy"} <= train.keys(), train
+    for k, (ray_v, local_v) in train.items():
+        assert ray_v is not None and local_v is not None, (k, train)
+        assert ray_v == pytest.approx(local_v, rel=STEP_REL, abs=atol), (k, train)
+    assert train["train/kept_samples"] == (21.0, 21.0) and train["train/grad_norm"][0] > 0, train
 
 
 def rewards_of(history) -> list[float]:
@@ -112,12 +141,12 @@ def versions_of(history) -> list[float]:
     return [m["rollout/weight_version"] for _, m in history if "rollout/weight_version" in m]
 
 
-# The default tier (same VM, same load): the disaggregated fixture 379 s (the engines' start most of it), the kill 196 s,
-# the colocated case 311 s
+# The default tier (2026-12-03, this 2-core VM at load ~15, 553 s in all): the disaggregated fixture 185 s (the engines'
+# start most of it), the DP=2 pair on its engines 95 s (its ranks' start 83), the kill 70 s, the colocated case 176 s
 SHORT = ["warmstart.steps=0", "num_rollout=2", "eval.eval_interval=null", "rollout.rollout_batch_size=8", "train.micro_batch_size=16"]
 
 
-# The tests that start their own components come first: the module's disaggregated components hold all 4 CPUs of the
+# The tests that start their own components come first: the module's disaggregated components hold 4 of the 6 CPUs of the
 # cluster until the module ends.
 def test_colocated_syncs_from_tensors_every_update_equal(cluster, tmp_path):
     """cluster.colocate=true: each engine shares a train rank's bundle (2 bundles); weights go from tensors (shared-memory
@@ -127,17 +156,18 @@ def test_colocated_syncs_from_tensors_every_update_equal(cluster, tmp_path):
     the disaggregated case."""
     from slime_hydra.engine import loop
 
-    args = [*COMMON, *RAY, "cluster.colocate=true", *SHORT]
+    args = [*COMMON, *TP2, *RAY, "cluster.colocate=true", *SHORT]
     t0 = time.monotonic()
     cfg, c = built(tmp_path, args)
     try:
         r = c.rollout
         assert r.mode == "tensor" and r.group.launcher.layout.num_bundles == 2
         assert sorted(b for bs in r.group.launcher.layout.engine_bundles for b in bs) == [0, 1]  # the train ranks' bundles
-        lp = first_step_log_probs(args, cfg, c)
+        lp = first_step(args, cfg, c)
         history = loop.run(cfg, c, str(tmp_path / "ckpt"))
         print(f"colocated: {time.monotonic() - t0:.0f} s; {lp}")
         assert lp["tokens"] > 0 and lp["ray_vs_local"] < 1e-4 and lp["ray_vs_engine"] < 1e-2, lp
+        assert_first_step_equal(lp)
         assert versions_of(history) == [0.0, 1.0] and r.weight_version == 2 == r.synced_version
         from slime_hydra.orchestration.rank_weights import RankWeights
         from slime_hydra.rollout.sglang import weights as W
@@ -155,15 +185,16 @@ def test_colocated_syncs_from_tensors_every_update_equal(cluster, tmp_path):
 # experiment's size (32 prompts x 8) through the two engines, disaggregated; its bounds (EVAL_RISE_MIN, REWARD_RISE_MIN)
 # One run (2026-12-03, this 2-core VM at load ~11, 551 s): held-out 0.650 -> 0.785, reward fitted rise +0.125 over the
 # 30 rollouts (test_sglang.py's torch runs: +0.122 and +0.131 on average over 50)
+# DP=2 (2026-12-03, 350 s at load ~9): held-out 0.625 -> 0.735, reward fitted rise +0.078 (0.527 first, 0.438 last,
+# noisy); before sft_step split its rows over DP (each rank took all: twice the gradient) the warm start reached 0.315
 LEARN_ROLLOUTS = 30
 
 
-@pytest.mark.slow
-def test_disaggregated_grpo_learns(cluster, tmp_path):
+def learns(tmp_path: Path, layout: list[str]) -> None:
     from slime_hydra.engine import loop
     from tests.rollout.sglang.test_backend import EVAL_RISE_MIN, REWARD_RISE_MIN, fitted_rise
 
-    args = [*COMMON, *RAY, "cluster.colocate=false", "warmstart.steps=340", f"num_rollout={LEARN_ROLLOUTS}",
+    args = [*COMMON, *layout, *RAY, "cluster.colocate=false", "warmstart.steps=340", f"num_rollout={LEARN_ROLLOUTS}",
             f"eval.eval_interval={LEARN_ROLLOUTS}"]
     t0 = time.monotonic()
     cfg, c = built(tmp_path, args)
@@ -172,13 +203,24 @@ def test_disaggregated_grpo_learns(cluster, tmp_path):
     finally:
         c.rollout.shutdown()
     rewards, evals = rewards_of(history), eval_of(history)
-    print(f"learning: {time.monotonic() - t0:.0f} s; eval {evals}; reward fitted rise {fitted_rise(rewards):+.3f}; "
+    print(f"learning ({layout}): {time.monotonic() - t0:.0f} s; eval {evals}; reward fitted rise {fitted_rise(rewards):+.3f}; "
           f"rewards {[round(x, 3) for x in rewards]}")
     assert versions_of(history) == [float(k) for k in range(LEARN_ROLLOUTS)]  # every sync checked equal, or the run raised
     (s0, first), (s1, last) = evals
     assert (s0, s1) == (0, LEARN_ROLLOUTS)
     assert last - first > EVAL_RISE_MIN, evals
     assert fitted_rise(rewards) >= REWARD_RISE_MIN, rewards
+
+
+@pytest.mark.slow
+def test_disaggregated_grpo_learns(cluster, tmp_path):
+    learns(tmp_path, TP2)
+
+
+@pytest.mark.slow
+def test_disaggregated_grpo_learns_data_parallel(cluster, tmp_path):
+    """TP=1, so the 2 ranks are DP=2: each trains half of every step's samples."""
+    learns(tmp_path, DP2)
 
 
 @pytest.fixture(scope="module")
@@ -188,12 +230,12 @@ def disaggregated(cluster, tmp_path_factory):
     from slime_hydra.engine import loop
 
     out = tmp_path_factory.mktemp("disaggregated")
-    args = [*COMMON, *RAY, "cluster.colocate=false", *SHORT]
+    args = [*COMMON, *TP2, *RAY, "cluster.colocate=false", *SHORT]
     t0 = time.monotonic()
     cfg, c = built(out, args)
     t1 = time.monotonic()
     try:
-        lp = first_step_log_probs(args, cfg, c)
+        lp = first_step(args, cfg, c)
         t2 = time.monotonic()
         history = loop.run(cfg, c, str(out / "ckpt"))
         print(f"disaggregated: build {t1 - t0:.0f} s, log-probs {t2 - t1:.0f} s, 2 rollouts {time.monotonic() - t2:.0f} s; {lp}; "
@@ -216,6 +258,7 @@ def test_disaggregated_syncs_every_update_equal_and_matches_one_process(disaggre
     # the ranks' TP=2 log-probs are the single process's (TP=1) to float32 rounding; the engines' (other kernels) close
     assert lp["tokens"] > 0 and lp["ray_vs_local"] < 1e-4, lp
     assert lp["ray_vs_engine"] < 1e-2, lp
+    assert_first_step_equal(lp)  # and so is their first train step on those samples
     # rollout k is generated by the weights synced after rollout k-1; each sync was checked equal on both engines
     assert versions_of(history) == [0.0, 1.0] and r.weight_version == 2 == r.synced_version
     named = list(c.trainer.named_weights())  # rank 0's TP-gathered HF tensors, through the object store
@@ -260,3 +303,65 @@ def test_killed_engine_actor_mid_rollout_loses_and_duplicates_nothing(disaggrega
     assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)  # resynced before it served again
     body = {"input_ids": [10, 11, 12], "sampling_params": {"max_new_tokens": 2}}
     assert httpx.post(e.url + "/generate", json=body, timeout=60).json()["meta_info"]["weight_version"] == str(r.weight_version)
+
+
+# Last: it syncs its own weights into the disaggregated fixture's engines (the kill test checks them against the TP=2 ranks')
+@pytest.fixture(scope="module")
+def data_parallel(cluster, disaggregated, tmp_path_factory):
+    """2 more megatron ranks, TP=1 so DP=2, in a placement group of their own (2 of the cluster's 6 CPUs), driving the
+    disaggregated fixture's engines (the engines started once for the module): the same first-step comparison, then
+    the same 2 rollouts through the loop, every sync checked equal."""
+    import dataclasses
+
+    from ray.util.placement_group import remove_placement_group
+
+    from slime_hydra.app.algorithm import run_specs
+    from slime_hydra.app.build_ray import build_train_group
+    from slime_hydra.engine import loop
+    from slime_hydra.engine.components import LoopState
+    from slime_hydra.orchestration.calls import RayCalls
+    from slime_hydra.orchestration.placement import create_placement_group
+
+    _, shared, _, _ = disaggregated
+    out = tmp_path_factory.mktemp("data_parallel")
+    # token_mean here (the experiment's sample_token_mean for TP=2): the denominator is the step's token count, which
+    # neither DP rank sees alone
+    args = [*COMMON, *DP2, "algorithm.loss_aggregation=token_mean", *RAY, "cluster.colocate=false", *SHORT]
+    cfg = compose_run(args)
+    t0 = time.monotonic()
+    # the train bundles only: the engines are the shared ones
+    pg, layout = create_placement_group(dataclasses.replace(cfg.cluster, rollout_num_gpus=0), "the module's cluster")
+    trainer = None
+    try:
+        calls = RayCalls(cfg.cluster.ray_call_timeout_s)
+        trainer = build_train_group(cfg, run_specs(cfg), cfg.model, pg, layout, calls, None, None)
+        c = dataclasses.replace(shared, trainer=trainer, state=LoopState(), buffer=None)  # a fresh buffer on the same source
+        t1 = time.monotonic()
+        step = first_step(args, cfg, c)
+        t2 = time.monotonic()
+        history = loop.run(cfg, c, str(out / "ckpt"))
+        print(f"data parallel: ranks {t1 - t0:.0f} s, first step {t2 - t1:.0f} s, 2 rollouts {time.monotonic() - t2:.0f} s; "
+              f"{step}")
+        yield cfg, c, history, step
+    finally:
+        if trainer is not None:
+            trainer.shutdown()
+        remove_placement_group(pg)
+
+
+def test_data_parallel_syncs_every_update_equal_and_matches_one_process(data_parallel):
+    """DP=2: each rank trains its share of a step's samples (11 and 10 of the 21 kept), and the step is the single
+    process's all the same: the loss and metrics are shares of the whole step's denominators (token_mean: the step's
+    response tokens, of which each rank holds part), the gradients summed, not averaged, over the ranks."""
+    from slime_hydra.orchestration.megatron_group import MegatronTrainGroup
+    from slime_hydra.rollout.sglang import weights as W
+
+    cfg, c, history, step = data_parallel
+    r = c.rollout
+    assert isinstance(c.trainer, MegatronTrainGroup) and cfg.parallelism.tensor_model_parallel_size == 1
+    assert step["tokens"] > 0 and step["ray_vs_local"] < 1e-4 and step["ray_vs_engine"] < 1e-2, step
+    assert_first_step_equal(step)
+    assert versions_of(history) == [0.0, 1.0] and r.weight_version == 2 == r.synced_version
+    named = list(c.trainer.named_weights())  # rank 0's weights: DP replicas, the whole model
+    for e in r.group.engines:
+        assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)

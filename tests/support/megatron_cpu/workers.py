@@ -59,7 +59,17 @@ def run_layout(cfg, hf, parallel, out_dir: str, tag: str) -> dict:
     b.save_checkpoint(os.path.join(out_dir, f"{tag}_ckpt"))  # megatron dist checkpoint after one rollout
     metrics2 = b.train_rollout(batch)
     return {"before": before, "after": after, "metrics": metrics, "after2": b.compute_log_probs(batch), "metrics2": metrics2,
-            "dtypes": dtypes(b)}
+            "dtypes": dtypes(b), "sft": sft_steps(b, batch)}
+
+
+def sft_steps(b, batch) -> dict:
+    """Two SFT warm-start steps (lr 1e-3): their losses, and the gradient norms megatron's optimizer computed (before
+    clipping; sft_step returns only the loss, so the backend's optimizer step is watched, not changed)."""
+    norms = []
+    step = b._optimizer_step
+    b._optimizer_step = lambda optimizer, lr: norms.append(step(optimizer, lr)) or norms[-1]
+    losses = [b.sft_step(batch, 1e-3) for _ in range(2)]
+    return {"losses": losses, "grad_norms": norms}
 
 
 def train_twice(cfg, hf) -> dict:
