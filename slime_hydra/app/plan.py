@@ -224,10 +224,10 @@ def sync_lines(cfg: RunConfig, layout: Layout) -> list[str]:
              "distributed": f"{buckets} broadcast over one update group per engine (the driver its rank 0; gloo on CPU, "
                             "NCCL on GPU; /update_weights_from_distributed)",
              "disk": "a safetensors file the driver writes, then each engine's /update_weights_from_disk"}[mode]
-    ranks = engine_ranks(layout.actor_bundles, layout.engine_bundles)
-    if (mode == "tensor" and c.backend == "ray" and ranks is not None
-            and (cfg.train.backend != "megatron" or cfg.parallelism.pipeline_model_parallel_size == 1)):  # rank_weights.py
-        gathered = "TP-gathered " if cfg.train.backend == "megatron" else ""
+    megatron = cfg.train.backend == "megatron"
+    ranks = engine_ranks(layout.actor_bundles, layout.engine_bundles, cfg.parallelism.pipeline_model_parallel_size if megatron else 1)
+    if mode == "tensor" and c.backend == "ray" and ranks is not None:  # orchestration/rank_weights.py
+        gathered = "TP-gathered " if megatron else ""
         source = f"each train rank's own {gathered}Hugging Face tensors, staged on its device (nothing through the object store)"
         route = (f"{buckets}, each serialised by the train rank(s) on the engine's bundles ("
                  + "; ".join(f"engine {e}: rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}" for e, rs in enumerate(ranks))

@@ -94,7 +94,8 @@ class MegatronTrainGroup:
         world = len(layout.actor_bundles)
         self.calls, self.distributed_timeout_s = calls, distributed_timeout_s
         self.labels = [f"rank {r}" for r in range(world)]
-        self.engine_ranks = engine_ranks(layout.actor_bundles, layout.engine_bundles)  # None: not colocated
+        self.layout = layout
+        self.engine_ranks: Optional[list[list[int]]] = None  # set by setup: the pipeline split decides too
         actor = ray.remote(MegatronRank)
         self.ranks = [actor.options(**layout.actor_options(), **on_bundle(pg, b)).remote(r, world, layout.use_gpu, num_threads)
                       for r, b in enumerate(layout.actor_bundles)]
@@ -105,8 +106,8 @@ class MegatronTrainGroup:
         self.calls.get([r.setup.remote(f"tcp://{ip}:{port}", self.distributed_timeout_s, model, parallel, specs, megatron,
                                        temperature, seed) for r in self.ranks],
                        "train setup (process group, megatron groups, model)", self.labels)
-        if parallel.pipeline_model_parallel_size > 1:  # a rank holds its stage's layers only: the driver route
-            self.engine_ranks = None
+        self.engine_ranks = engine_ranks(self.layout.actor_bundles, self.layout.engine_bundles,
+                                         parallel.pipeline_model_parallel_size)  # None: the object-store route
 
     def _all(self, what: str, name: str, *args: Any) -> Any:
         """`name` on every rank (a collective); rank 0's answer."""
@@ -132,12 +133,11 @@ class MegatronTrainGroup:
         self._all("end of the warm start", "end_warm_start")
 
     def named_weights(self) -> WeightsRef | RankWeights:
-        """Colocated engines and PP=1: every rank stages its TP-gathered weights on its device, sent from there
-        (orchestration/rank_weights.py). Otherwise, or when iterated: rank 0's gathered weights, left in the object
-        store (the rollout manager passes the reference on)."""
+        """Colocated engines and PP=1: the ranks' TP-gathered weights, staged on their devices and sent from there when the
+        rollout sends from tensors (orchestration/rank_weights.py). Otherwise, or when iterated: rank 0's gathered
+        weights, left in the object store (the rollout manager passes the reference on)."""
         if self.engine_ranks is None:
             return self._in_object_store()
-        self.calls.get([r.stage_weights.remote() for r in self.ranks], "staging the weights", self.labels)
         return RankWeights(self.ranks, self.engine_ranks, self.calls, self._in_object_store)
 
     def _in_object_store(self) -> WeightsRef:

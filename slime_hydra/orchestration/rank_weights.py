@@ -9,8 +9,9 @@ each engine and posts the payloads (HTTP on the loopback: the engines share the 
 
 `RankStage` is the rank's half (a mixin of the rank actors): `stage_weights` is a collective of every rank (the TP
 gather) and keeps the tensors until the next stage; `weight_payload` serialises one bucket and keeps it alive
-until `drop_payload`. `RankWeights` is the driver's half, a rollout/sglang/weights.TensorSource; iterating it
-falls back to the object-store route (what the disk, distributed and local-engine routes read).
+until `drop_payload`. `RankWeights` is the driver's half, a rollout/sglang/weights.TensorSource: the rollout stages
+it when it sends from tensors; iterating it falls back to the object-store route (what the disk, distributed and
+local-engine routes read), and nothing is staged then.
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ class RankWeights:
     def __init__(self, ranks: list, engine_ranks: list[list[int]], calls: RayCalls, fallback: Callable[[], object]):
         self.ranks, self.engine_ranks, self.calls, self._fallback = ranks, engine_ranks, calls, fallback
 
+    def stage(self) -> None:
+        """Every rank (a collective: megatron's TP gather) stages its tensors on its device."""
+        self.calls.get([r.stage_weights.remote() for r in self.ranks], "staging the weights",
+                       [f"rank {r}" for r in range(len(self.ranks))])
+
     def _labels(self, engine: int) -> list[str]:
         return [f"rank {r}" for r in self.engine_ranks[engine]]
 
@@ -92,10 +98,12 @@ class RankWeights:
         return self._fallback().ref
 
 
-def engine_ranks(actor_bundles: tuple[int, ...], engine_bundles: tuple[tuple[int, ...], ...]) -> Optional[list[list[int]]]:
-    """The train rank on each of each engine's bundles, or None if an engine has a bundle with no train rank (the
-    engines are not colocated with the ranks)."""
+def engine_ranks(actor_bundles: tuple[int, ...], engine_bundles: tuple[tuple[int, ...], ...],
+                 pipeline_stages: int = 1) -> Optional[list[list[int]]]:
+    """The train rank on each of each engine's bundles, or None where the ranks cannot send: an engine has a bundle
+    with no train rank (the engines are not colocated with the ranks), or the model is split into pipeline stages (a
+    rank holds its stage's layers only)."""
     rank_of = {b: r for r, b in enumerate(actor_bundles)}
-    if any(b not in rank_of for bundles in engine_bundles for b in bundles):
+    if pipeline_stages > 1 or any(b not in rank_of for bundles in engine_bundles for b in bundles):
         return None
     return [[rank_of[b] for b in bundles] for bundles in engine_bundles]

@@ -171,11 +171,11 @@ class TrainGroup:
         return self._all("sft_step", batch, lr)
 
     def named_weights(self) -> WeightsRef | RankWeights:
-        """Colocated engines: each rank stages its own (identical) weights on its device, sent from there
-        (orchestration/rank_weights.py). Otherwise, or when iterated: rank 0's, in the object store."""
+        """Colocated engines: each rank's own (identical) weights, staged on its device and sent from there when the
+        rollout sends from tensors (orchestration/rank_weights.py). Otherwise, or when iterated: rank 0's, in the object
+        store."""
         if self.engine_ranks is None:
             return self._in_object_store()
-        self.calls.get([r.stage_weights.remote() for r in self.ranks], "staging the weights", self.labels)
         return RankWeights(self.ranks, self.engine_ranks, self.calls, self._in_object_store)
 
     def _in_object_store(self) -> WeightsRef:

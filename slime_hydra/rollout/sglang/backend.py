@@ -138,13 +138,14 @@ class SGLangRollout:
     # -- weights --------------------------------------------------------------------------------------
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """named_tensors: the trainer's weights; a W.TensorSource (colocated Ray ranks) sends its handles itself when
-        weights go from tensors, and is iterated (fetched here) for the other routes."""
+        """named_tensors: the trainer's weights; a W.TensorSource (colocated Ray ranks) is staged and sends its handles
+        itself when weights go from tensors, and is iterated (fetched here) for the other routes."""
         t0 = time.perf_counter()
         source = named_tensors if self.mode == "tensor" and isinstance(named_tensors, W.TensorSource) else W.LocalTensors(named_tensors)
         with self._sync_lock:
             if self._released:
                 self.resume_memory()
+            source.stage()  # here, in the caller's thread: a restart's resync later re-sends what is staged
             if self.mode == "disk":
                 self._last_disk = W.write_checkpoint(source.tensors, self.init_dir, self.dir / "weights", self.dtype)
             t1 = time.perf_counter()

@@ -165,6 +165,9 @@ class TensorSource(Protocol):
     Under Ray, colocated train ranks hold theirs and serialise them on their own device (CUDA IPC handles on a GPU,
     shared-memory files on CPU): orchestration/rank_weights.py. Iterating gives the named tensors themselves."""
 
+    def stage(self) -> None:
+        """Make the tensors ready where they live, once per sync, before any send (the ranks' gather)."""
+
     def send(self, engine: int, url: str, version: int, tp_size: int, buffer_bytes: int, dtype: str, timeout: float) -> int:
         """Engine `engine` at `url` (paused by the caller) gets every bucket; -> the number of requests."""
 
@@ -179,6 +182,9 @@ class LocalTensors:
 
     def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]]):
         self.tensors = list(named_tensors)
+
+    def stage(self) -> None:
+        pass  # they are here
 
     def send(self, engine: int, url: str, version: int, tp_size: int, buffer_bytes: int, dtype: str, timeout: float) -> int:
         return update_from_tensors(url, self.tensors, version, tp_size, buffer_bytes, dtype, timeout)
