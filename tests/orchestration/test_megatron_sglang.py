@@ -109,6 +109,28 @@ def first_step(args: list[str], cfg, c) -> dict:
             "train": {k: (ray_m[k], local_m.get(k)) for k in ray_m} | {k: (None, v) for k, v in local_m.items() if k not in ray_m}}
 
 
+def step_and_two_rollouts(label: str, args: list[str], cfg, c, out: Path) -> tuple[dict, list]:
+    """first_step, then the loop's rollouts (SHORT: 2) from the ranks it trained; the times printed."""
+    from slime_hydra.engine import loop
+
+    t0 = time.monotonic()
+    step = first_step(args, cfg, c)
+    t1 = time.monotonic()
+    history = loop.run(cfg, c, str(out / "ckpt"))
+    print(f"{label}: first step {t1 - t0:.0f} s, 2 rollouts {time.monotonic() - t1:.0f} s; {step}; "
+          f"{[{k: v for k, v in m.items() if 'sync' in k or 'logprob' in k} for _, m in history]}")
+    return step, history
+
+
+def assert_engines_hold_rank0s_weights(cfg, c) -> None:
+    """Every engine equals rank 0's weights, iterated: TP-gathered Hugging Face tensors through the object store."""
+    from slime_hydra.rollout.sglang import weights as W
+
+    named = list(c.trainer.named_weights())
+    for e in c.rollout.group.engines:
+        assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)
+
+
 # float32, unit roundoff u = 2^-24 = 6e-8. The layouts add the same terms in other orders: TP=2 each row-parallel matmul's
 # two halves (reductions of up to 384 terms), DP=2 a step's samples in two rank partials (metrics summed after, gradients
 # all-reduced), the single process micro-batches of 16 + 5 samples. Reordering a sum of n terms moves it by at most
@@ -154,29 +176,20 @@ def test_colocated_syncs_from_tensors_every_update_equal(cluster, tmp_path):
     serialises handles to its own tensors, nothing goes through the object store). 2 rollouts, every sync checked equal
     (on the rank, against its tensors; and once more here against rank 0's through the object store); log-probs as in
     the disaggregated case."""
-    from slime_hydra.engine import loop
+    from slime_hydra.orchestration.rank_weights import RankWeights
 
     args = [*COMMON, *TP2, *RAY, "cluster.colocate=true", *SHORT]
-    t0 = time.monotonic()
     cfg, c = built(tmp_path, args)
     try:
         r = c.rollout
         assert r.mode == "tensor" and r.group.launcher.layout.num_bundles == 2
         assert sorted(b for bs in r.group.launcher.layout.engine_bundles for b in bs) == [0, 1]  # the train ranks' bundles
-        lp = first_step(args, cfg, c)
-        history = loop.run(cfg, c, str(tmp_path / "ckpt"))
-        print(f"colocated: {time.monotonic() - t0:.0f} s; {lp}")
+        lp, history = step_and_two_rollouts("colocated", args, cfg, c, tmp_path)
         assert lp["tokens"] > 0 and lp["ray_vs_local"] < 1e-4 and lp["ray_vs_engine"] < 1e-2, lp
         assert_first_step_equal(lp)
         assert versions_of(history) == [0.0, 1.0] and r.weight_version == 2 == r.synced_version
-        from slime_hydra.orchestration.rank_weights import RankWeights
-        from slime_hydra.rollout.sglang import weights as W
-
         assert isinstance(r._last_weights, RankWeights) and r._last_weights.engine_ranks == [[0], [1]]
-
-        named = list(c.trainer.named_weights())
-        for e in r.group.engines:
-            assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)
+        assert_engines_hold_rank0s_weights(cfg, c)
     finally:
         c.rollout.shutdown()
 
@@ -227,19 +240,13 @@ def test_disaggregated_grpo_learns_data_parallel(cluster, tmp_path):
 def disaggregated(cluster, tmp_path_factory):
     """2 rollouts, disaggregated (cluster.colocate=false: weights over one gloo update group per engine, from the driver),
     after the first-step log-prob comparison. The components stay up for the kill test."""
-    from slime_hydra.engine import loop
-
     out = tmp_path_factory.mktemp("disaggregated")
     args = [*COMMON, *TP2, *RAY, "cluster.colocate=false", *SHORT]
     t0 = time.monotonic()
     cfg, c = built(out, args)
-    t1 = time.monotonic()
+    print(f"disaggregated: build {time.monotonic() - t0:.0f} s")
     try:
-        lp = first_step(args, cfg, c)
-        t2 = time.monotonic()
-        history = loop.run(cfg, c, str(out / "ckpt"))
-        print(f"disaggregated: build {t1 - t0:.0f} s, log-probs {t2 - t1:.0f} s, 2 rollouts {time.monotonic() - t2:.0f} s; {lp}; "
-              f"{[{k: v for k, v in m.items() if 'sync' in k or 'logprob' in k} for _, m in history]}")
+        lp, history = step_and_two_rollouts("disaggregated", args, cfg, c, out)
         yield cfg, c, history, lp
     finally:
         c.rollout.shutdown()
@@ -248,7 +255,6 @@ def disaggregated(cluster, tmp_path_factory):
 def test_disaggregated_syncs_every_update_equal_and_matches_one_process(disaggregated):
     from slime_hydra.orchestration.megatron_group import MegatronTrainGroup
     from slime_hydra.orchestration.sglang_engines import RayLauncher, RemoteServer
-    from slime_hydra.rollout.sglang import weights as W
 
     cfg, c, history, lp = disaggregated
     r = c.rollout
@@ -261,9 +267,7 @@ def test_disaggregated_syncs_every_update_equal_and_matches_one_process(disaggre
     assert_first_step_equal(lp)  # and so is their first train step on those samples
     # rollout k is generated by the weights synced after rollout k-1; each sync was checked equal on both engines
     assert versions_of(history) == [0.0, 1.0] and r.weight_version == 2 == r.synced_version
-    named = list(c.trainer.named_weights())  # rank 0's TP-gathered HF tensors, through the object store
-    for e in r.group.engines:
-        assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)
+    assert_engines_hold_rank0s_weights(cfg, c)
 
 
 def test_killed_engine_actor_mid_rollout_loses_and_duplicates_nothing(disaggregated):
@@ -317,7 +321,6 @@ def data_parallel(cluster, disaggregated, tmp_path_factory):
 
     from slime_hydra.app.algorithm import run_specs
     from slime_hydra.app.build_ray import build_train_group
-    from slime_hydra.engine import loop
     from slime_hydra.engine.components import LoopState
     from slime_hydra.orchestration.calls import RayCalls
     from slime_hydra.orchestration.placement import create_placement_group
@@ -336,12 +339,8 @@ def data_parallel(cluster, disaggregated, tmp_path_factory):
         calls = RayCalls(cfg.cluster.ray_call_timeout_s)
         trainer = build_train_group(cfg, run_specs(cfg), cfg.model, pg, layout, calls, None, None)
         c = dataclasses.replace(shared, trainer=trainer, state=LoopState(), buffer=None)  # a fresh buffer on the same source
-        t1 = time.monotonic()
-        step = first_step(args, cfg, c)
-        t2 = time.monotonic()
-        history = loop.run(cfg, c, str(out / "ckpt"))
-        print(f"data parallel: ranks {t1 - t0:.0f} s, first step {t2 - t1:.0f} s, 2 rollouts {time.monotonic() - t2:.0f} s; "
-              f"{step}")
+        print(f"data parallel: ranks {time.monotonic() - t0:.0f} s")
+        step, history = step_and_two_rollouts("data parallel", args, cfg, c, out)
         yield cfg, c, history, step
     finally:
         if trainer is not None:
@@ -354,7 +353,6 @@ def test_data_parallel_syncs_every_update_equal_and_matches_one_process(data_par
     process's all the same: the loss and metrics are shares of the whole step's denominators (token_mean: the step's
     response tokens, of which each rank holds part), the gradients summed, not averaged, over the ranks."""
     from slime_hydra.orchestration.megatron_group import MegatronTrainGroup
-    from slime_hydra.rollout.sglang import weights as W
 
     cfg, c, history, step = data_parallel
     r = c.rollout
@@ -362,6 +360,4 @@ def test_data_parallel_syncs_every_update_equal_and_matches_one_process(data_par
     assert step["tokens"] > 0 and step["ray_vs_local"] < 1e-4 and step["ray_vs_engine"] < 1e-2, step
     assert_first_step_equal(step)
     assert versions_of(history) == [0.0, 1.0] and r.weight_version == 2 == r.synced_version
-    named = list(c.trainer.named_weights())  # rank 0's weights: DP replicas, the whole model
-    for e in r.group.engines:
-        assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)
+    assert_engines_hold_rank0s_weights(cfg, c)  # rank 0's weights: DP replicas, the whole model
