@@ -5,7 +5,7 @@ The mix ("rl", seed 0): one RL step of `--mix-global-batch` samples (64) from pr
 length uniform in [64, 512] tokens (its 8 samples share it), each response log-normal with median 700 and sigma 1
 (round(700 exp(N(0, 1)))) clipped to [1, 8192]. Rows stay in rollout order (a prompt's samples together), as a
 step's batch arrives; token ids are random, advantages random per sample. The drawn mean / median / max are printed.
-Variants, for model=qwen3_4b and model=qwen3_0_6b (bf16, random init, bench_megatron.BEST: compiled layers, bf16
+Variants, for model=qwen3_4b and model=qwen3_0_6b (bf16, random init, megatron_settings.BEST: compiled layers, bf16
 gradient buffers, compiled log-prob kernels, fused AdamW; no recompute):
 - padded: train.qkv_format=bshd, micro-batches of train.micro_batch_size consecutive samples, each padded to its longest
 - packed: train.qkv_format=thd, the same micro-batches, each packed into one stream (no padding)
@@ -25,7 +25,7 @@ micro-batch shape and dynamic in the token dimension at the second, as in a run;
 then every dimension dynamo does not tie to a weight (the log-prob kernels' vocabulary columns) stays symbolic, which
 a run's graphs do not: faster to run, less faithful.
 Per row: real tokens/s (the positions that predict a token, L_i - 1 per sample), MFU on real tokens only (per sample
-6 N (L_i - 1) + 6 layers d_attn (L_i - 1)^2 FLOPs: bench_megatron.flops_per_token at the sample's own length, over
+6 N (L_i - 1) + 6 layers d_attn (L_i - 1)^2 FLOPs: megatron_settings.flops_per_token at the sample's own length, over
 790 TFLOP/s), the padding fraction of the positions the model ran, step s (median and min-max of `iters` after
 `warmup`), the first step's s (compiles), peak GiB, micro-batches per step and the largest one's tokens as run, and
 the graphs dynamo compiled and graph breaks during the row. Then budget / padded real tokens/s per model.
