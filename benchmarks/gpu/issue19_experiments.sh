@@ -9,9 +9,14 @@
 #          ray | local | ray-resume   issue 22: the megatron experiment under cluster.backend=ray and in one process
 #                      (20 rollouts, a short warm start, save every 10, every sync checked), the ray run resumed from 10
 #          mix         issue 24: benchmarks/gpu/issue24_mix.sh into $ROOT/mix
+#          megatron-thd | torch-thd   issue 24: the 40-rollout runs with packed micro-batches by a token budget
+#                      ($PACK), beside the bshd runs `megatron` and `torch` for the learning curves
+#          waitckpt    until the ckpt part has written the checkpoint (a second chain's first part)
+#          gputest     pytest -m gpu tests/training/test_packing_gpu.py into $ROOT/gputest.log
 # Every run is stopped after RUN_CAP_S seconds (default 900; SIGINT, then SIGKILL 30 s later).
 #          report      benchmarks/gpu/issue19_report.py over $ROOT -> $ROOT/report.json, report.md
-#          bg PART...  the parts in order, detached (setsid), progress in $ROOT/progress.log
+#          bg PART...  the parts in order, detached (setsid), progress in $ROOT/progress.log; CHAIN=b bg PART... starts a
+#                      second chain beside the first (both share the GPU); `wait` waits for every chain
 #          wait S      until the detached parts finish or S seconds pass; then report, and logs to $OUT
 # The machine keeps /tmp only while warm (30 s after each call): issue each `wait` call right after the last one
 # returns, or the next call lands on a fresh, bare machine (it did once here: the torch runs were lost).
@@ -22,6 +27,8 @@ MEG=grpo/qwen3-0.6b-addition-1n1g-megatron-sglang-colocate-v1
 TOR=grpo/qwen3-0.6b-addition-1n1g-torch-sglang-colocate-v1
 COMMON="num_rollout=40 save_interval=20 rollout.check_weight_update_equal=true logger=tensorboard logger.progress_bar=false"
 I22="model.hf_checkpoint=$PWD/outputs/hf/qwen3-0.6b-char-random-seed1234 num_rollout=20 save_interval=10 eval.eval_interval=10 warmstart.steps=200 warmstart.min_steps=200 rollout.check_weight_update_equal=true logger=tensorboard logger.progress_bar=false"
+PACK="train.qkv_format=thd train.use_dynamic_batch_size=true train.max_tokens_per_gpu=8192"
+CKPT=$PWD/outputs/hf/qwen3-0.6b-char-random-seed1234
 mkdir -p "$ROOT"
 export PYTHONPATH=/tmp/sgl-site:/tmp/sgl-sc:/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
@@ -64,6 +71,17 @@ part() {
     megatron) run megatron experiment=$MEG $COMMON ;;
     megatron-resume) run megatron-resume experiment=$MEG $COMMON load=$ROOT/megatron/checkpoints/rollout_000019 ;;
     torch) run torch experiment=$TOR $COMMON ;;
+    megatron-thd) run megatron-thd experiment=$MEG $COMMON $PACK ;;
+    torch-thd) run torch-thd experiment=$TOR $COMMON $PACK ;;
+    waitckpt)
+      local t0=$SECONDS
+      until [ -f "$CKPT/model.safetensors" ] && grep -q "ckpt: exit" "$ROOT/progress.log" 2>/dev/null; do
+        [ $((SECONDS - t0)) -gt 300 ] && { echo "[$(date +%T)] waitckpt: no checkpoint after 300 s" | tee -a "$ROOT/progress.log"; return 1; }
+        sleep 2
+      done ;;
+    gputest)
+      python3 -m pytest -q -m gpu -p no:cacheprovider tests/training/test_packing_gpu.py > "$ROOT/gputest.log" 2>&1
+      echo "[$(date +%T)] gputest: exit $?" | tee -a "$ROOT/progress.log"; tail -5 "$ROOT/gputest.log" ;;
     torch-resume) run torch-resume experiment=$TOR $COMMON load=$ROOT/torch/checkpoints/rollout_000019 ;;
     offload)  # from the torch run's rollout-20 checkpoint (no warm start): 6 rollouts, an eval every 2
       run offload experiment=$TOR cluster.offload_rollout=true +rollout.sglang.enable_memory_saver=true \
@@ -87,25 +105,25 @@ part() {
 case ${1:-} in
   bg)
     shift
-    rm -f "$ROOT/done"
-    setsid bash -c "for p in $*; do bash $0 \$p; done; touch $ROOT/done" > "$ROOT/bg.log" 2>&1 < /dev/null &
-    echo $! > "$ROOT/bg.pid"
+    rm -f "$ROOT/done${CHAIN:-}"
+    setsid bash -c "for p in $*; do bash $0 \$p; done; touch $ROOT/done${CHAIN:-}" > "$ROOT/bg${CHAIN:-}.log" 2>&1 < /dev/null &
+    echo $! > "$ROOT/bg${CHAIN:-}.pid"
     echo "started: $*" ;;
   wait)  # a machine that went back between calls comes back bare: no bg.pid, so this returns at once
     limit=${2:-540}
     [ -f "$ROOT/bg.pid" ] || echo "no detached parts on this machine (a fresh one? /tmp is empty after a give-back)"
-    while [ ! -f "$ROOT/done" ] && [ -f "$ROOT/bg.pid" ] && kill -0 "$(cat "$ROOT/bg.pid")" 2>/dev/null \
-          && [ $SECONDS -lt "$limit" ]; do sleep 5; done
+    running() { local f; for f in "$ROOT"/bg*.pid; do [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null && return 0; done; return 1; }
+    while running && [ $SECONDS -lt "$limit" ]; do sleep 5; done
     part report
     out=${OUT:-/tmp/out}; mkdir -p "$out"
-    cp "$ROOT/progress.log" "$ROOT/report.md" "$ROOT/report.json" "$out/" 2>/dev/null
+    cp "$ROOT/progress.log" "$ROOT/report.md" "$ROOT/report.json" "$ROOT/gputest.log" "$out/" 2>/dev/null
     [ -d "$ROOT/mix" ] && (cd "$ROOT" && tar czf "$out/mix.tgz" mix)
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader; df -h /tmp | tail -1
     # every run's log, its sglang engine log's tail, composed config (no weights)
     (cd "$ROOT" && tar czf "$out/logs.tgz" --exclude='*.safetensors' --exclude='*.pt' \
-      ckpt.log bg.log */run.log */launch.json */composed_config.yaml */sglang/logs 2>/dev/null)
+      ckpt.log bg*.log */run.log */launch.json */composed_config.yaml */sglang/logs 2>/dev/null)
     cat "$ROOT/progress.log"; tail -c 3000 "$ROOT/report.md"; cat "$ROOT/report.err"
-    [ -f "$ROOT/done" ] && echo ALL-DONE || echo STILL-RUNNING ;;
+    running && echo STILL-RUNNING || echo ALL-DONE ;;
   *)
     for p in "$@"; do part "$p"; done ;;
 esac

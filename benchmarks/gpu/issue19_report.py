@@ -23,7 +23,8 @@ import math
 import statistics
 from pathlib import Path
 
-RUNS = ("megatron", "megatron-resume", "torch", "torch-resume", "offload", "ray", "local", "ray-resume")
+RUNS = ("megatron", "megatron-resume", "torch", "torch-resume", "offload", "ray", "local", "ray-resume", "megatron-thd",
+        "torch-thd")
 SYNC = ("perf/weight_sync_write_s", "perf/weight_sync_send_s", "perf/weight_sync_check_s")
 COLS = ("perf/rollout_time_s", "perf/train_time_s", "perf/weight_sync_time_s", "perf/weight_sync_send_s",
         "perf/weight_sync_check_s", "rollout/weight_sync_requests", "perf/step_time_s", "rollout/reward_mean",
@@ -142,6 +143,18 @@ def compare(full_hist, res_hist, resumed_at: int) -> dict:
     return {"steps_compared": after, "restored_history_equal": restored_equal, "per_key": per_key, "eval": evals}
 
 
+def curve(hist, block: int = 10) -> dict:
+    """The learning curve in blocks: mean reward of rollouts 1-10, 11-20, ...; held-out accuracy at each eval."""
+    steps = steps_only(hist)
+    rewards = [(s, steps[s]["rollout/reward_mean"]) for s in sorted(steps) if s > 0 and "rollout/reward_mean" in steps[s]]
+    blocks: dict[str, list[float]] = {}
+    for s, r in rewards:
+        lo = (s - 1) // block * block + 1
+        blocks.setdefault(f"{lo}-{lo + block - 1}", []).append(r)
+    evals = {s: v for s, m in hist for k, v in m.items() if k.startswith("eval/") and k.endswith("/accuracy")}
+    return {"reward_blocks": {k: sum(v) / len(v) for k, v in blocks.items()}, "eval_accuracy": dict(sorted(evals.items()))}
+
+
 def markdown(name: str, s: dict) -> str:
     lines = [f"### {name} ({s['steps']} steps, history from {s['history_from']})",
              "| step | rollout s | train s | sync s | send s | check s | requests | step s | reward | resp len | eval acc |",
@@ -175,6 +188,13 @@ def main() -> None:
         report["ray_over_local"] = {k: ray[k] / local[k] for k in ray if ray.get(k) and local.get(k)}
         report["ray_over_local"]["startup_s"] = ((report["ray"]["startup"].get("startup_s") or 0)
                                                  / (report["local"]["startup"].get("startup_s") or float("nan")))
+    for base in ("megatron", "torch"):  # issue 24: packed + token budget (thd) beside the padded (bshd) run
+        if base in hists and f"{base}-thd" in hists:
+            b, t = report[base]["median"], report[f"{base}-thd"]["median"]
+            report[f"{base}-thd"]["vs_bshd"] = {
+                "bshd": curve(hists[base]), "thd": curve(hists[f"{base}-thd"]),
+                "train_time_ratio_thd_over_bshd": (t["perf/train_time_s"] / b["perf/train_time_s"]
+                                                   if t.get("perf/train_time_s") and b.get("perf/train_time_s") else None)}
     for name, s in report.items():
         if "table" in s:
             print(markdown(name, s))
