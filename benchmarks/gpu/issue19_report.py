@@ -103,7 +103,8 @@ def summarize(run: Path) -> dict:
     if own:
         steps = {s: m for s, m in steps.items() if s in own}
     evals = {f"{s}": v for s, m in hist for k, v in m.items() if k.startswith("eval/") and k.endswith("/accuracy")}
-    out = {"history_from": source, "steps": len(steps), "startup": startup(run, tb, steps), "eval_accuracy": evals}
+    out = {"history_from": source, "steps": len(steps), "startup": startup(run, tb, steps), "eval_accuracy": evals,
+           "warmstart": {k: v for s, m in hist if s == 0 for k, v in m.items() if k.startswith("warmstart/")}}
     sync_no_check = [m.get(SYNC[0], 0.0) + m.get(SYNC[1]) for m in steps.values() if SYNC[1] in m]
     sync_all = [sum(m.get(k, 0.0) for k in SYNC) for m in steps.values() if SYNC[1] in m]
     out["median"] = {k: med([m.get(k) for m in steps.values()]) for k in COLS}
