@@ -66,6 +66,9 @@ class Shape:
 
 MODELS = {
     "qwen3_4b": Shape("qwen3_4b", "rl", 2, 10240, BEST),
+    # slime's default micro-batch of 1 (the 1n8g recipes' setting before they packed): one sample per micro-batch, so
+    # nothing is padded and the matmuls are as small as the samples
+    "qwen3_4b_mb1": Shape("qwen3_4b", "rl", 1, 10240, BEST),
     "qwen3_0_6b": Shape("qwen3_0_6b", "rl", 8, 32768, BEST),
     "addition": Shape("qwen3_0_6b", "addition", 64, 8192, (), global_batch=256),
     "tiny": Shape(None, "tiny", 4, 96, NO_COMPILE, global_batch=16),
