@@ -123,6 +123,14 @@ def test_disaggregated_async_plan():
     assert any("parallelism.pipeline_model_parallel_size=2" in line for line in section(staged, "not runnable yet"))
 
 
+def test_update_group_to_colocated_gpu_engines_is_not_runnable():
+    """A rank and its engine share a GPU, and NCCL refuses two ranks of a group on one device: refused, keys named."""
+    text = plan.plan_text([f"experiment={QWEN3_4B}", "rollout.weight_sync=distributed"])
+    (refusal,) = section(text, "not runnable yet")
+    assert "rollout.weight_sync=distributed with cluster.colocate=true on cluster.device=auto" in refusal
+    assert "set rollout.weight_sync=auto (tensor when colocated), or cluster.colocate=false" in refusal
+
+
 def test_two_nodes_with_pipeline_stages():
     """2 nodes × 8, TP=2 PP=2 (DP=4): ranks 0-7 on node 0, 8-15 on node 1; a PP group pairs r and r + 8."""
     text = plan.plan_text([f"experiment={QWEN3_4B}", "cluster.actor_num_nodes=2", "parallelism.pipeline_model_parallel_size=2"])
