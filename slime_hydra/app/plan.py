@@ -30,7 +30,7 @@ from slime_hydra.config.schema import RunConfig
 from slime_hydra.config.validate_ray import NOT_YET
 from slime_hydra.errors import ConfigError, Missing, UserError
 from slime_hydra.orchestration.placement import Layout, layout_problems, plan_layout, resolve_use_gpu
-from slime_hydra.orchestration.rank_weights import engine_ranks
+from slime_hydra.orchestration.rank_weights import engine_ranks, feeder_ranks
 from slime_hydra.rollout.sglang.checks import num_engines, weight_sync_mode
 
 USAGE = ("usage: slime-hydra plan [group=option ...] [key=value ...] [--gpus-per-node N] [--config-name NAME]\n"
@@ -225,17 +225,28 @@ def sync_lines(cfg: RunConfig, layout: Layout) -> list[str]:
                             "NCCL on GPU; /update_weights_from_distributed)",
              "disk": "a safetensors file the driver writes, then each engine's /update_weights_from_disk"}[mode]
     megatron = cfg.train.backend == "megatron"
-    ranks = engine_ranks(layout.actor_bundles, layout.engine_bundles, cfg.parallelism.pipeline_model_parallel_size if megatron else 1)
+    pp = cfg.parallelism.pipeline_model_parallel_size if megatron else 1
+    ranks = engine_ranks(layout.actor_bundles, layout.engine_bundles, pp)
+    feeders = feeder_ranks(len(layout.actor_bundles), len(layout.engine_bundles), pp)
+    by = "by the driver"
+    own = f"each train rank's own {'TP-gathered ' if megatron else ''}Hugging Face tensors, staged on its device (nothing through the object store)"
     if mode == "tensor" and c.backend == "ray" and ranks is not None:  # orchestration/rank_weights.py
-        gathered = "TP-gathered " if megatron else ""
-        source = f"each train rank's own {gathered}Hugging Face tensors, staged on its device (nothing through the object store)"
+        source = own
         route = (f"{buckets}, each serialised by the train rank(s) on the engine's bundles ("
                  + "; ".join(f"engine {e}: rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}" for e, rs in enumerate(ranks))
                  + ") as handles to their tensors (CUDA IPC on GPU, shared-memory files on CPU), posted to the engine's "
                  "/update_weights_from_tensor")
+    elif mode == "distributed" and c.backend == "ray" and feeders is not None:  # orchestration/rank_weights.py
+        source, by = own, "by the train ranks"
+        backend = "NCCL from the rank's GPU" if layout.use_gpu else "gloo"
+        route = (f"{buckets} broadcast over one update group per engine ({backend}), its rank 0 the train rank that feeds it ("
+                 + "; ".join(f"engine {e}: rank {f}" for e, f in enumerate(feeders))
+                 + "); that rank opens the group (a new one when the engine is relaunched) and posts each bucket's "
+                 "/update_weights_from_distributed, while the driver pauses and continues the engine; engines fed by different "
+                 "ranks receive at once")
     check = "; each sync checked equal (rollout.check_weight_update_equal)" if r.check_weight_update_equal else ""
     return [f"weight sync: rollout.weight_sync={r.weight_sync} -> {mode} (cluster.colocate={str(c.colocate).lower()})",
-            f"  from {source}", f"  by the driver: {route}",
+            f"  from {source}", f"  {by}: {route}",
             f"  each engine paused, updated, cache flushed, continued; samples carry their weight version{check}"]
 
 

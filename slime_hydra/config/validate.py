@@ -270,7 +270,7 @@ def check(cfg: RunConfig) -> tuple[RunConfig, list[str], list[str]]:
     check_agent(cfg, problems)
     check_stall_watchdog(cfg, problems)
     check_cluster(cfg, problems, notes)
-    check_ray_pairing(cfg.cluster, cfg.train, cfg.rollout, cfg.algorithm, problems)
+    check_ray_pairing(cfg.cluster, cfg.train, cfg.rollout, cfg.algorithm, cfg.parallelism, problems)
     return cfg, problems, notes
 
 

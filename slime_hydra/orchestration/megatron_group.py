@@ -9,15 +9,16 @@ and every trainer method is a collective over the TP/PP/DP groups (a rank that s
 others waiting in it), so every call goes to every rank. The backend returns the step's metrics, the SFT
 loss and log-probs on every rank (broadcast from the last pipeline stage), so rank 0 answers. Weights for the
 rollout engines are every stage's TP-gathered Hugging Face tensors, gathered onto the first stage: rank 0's
-result goes into the object store, and the rollout manager hands the reference to its engines (rollout=local) or the
-driver fetches it and sends it to the SGLang engines in buckets (rollout=sglang: orchestration/sglang_engines.py). Checkpoints
+result goes into the object store, and the rollout manager hands the reference to its engines (rollout=local) or, with
+PP>1, the driver fetches it and sends it to the SGLang engines in buckets (rollout=sglang: orchestration/sglang_engines.py). Checkpoints
 are the backend's: HF weights written by one rank per stage, and megatron's distributed format written by
 every rank (save_checkpoint / load_checkpoint: nothing of the trainer in state.pt).
 
-Colocated engines with PP=1 get the weights from the ranks on their GPUs instead (orchestration/rank_weights.py:
-CUDA IPC handles of the ranks' own tensors). Every wait has the deadline `cluster.ray_call_timeout_s`
-(orchestration/calls.py). Left out here: the critic (PPO), and an NCCL update group from the ranks to
-disaggregated engines.
+With PP=1 the SGLang engines get the weights from the ranks instead (orchestration/rank_weights.py): colocated ones
+as CUDA IPC handles of the ranks' own tensors on their GPUs, disaggregated ones over update groups the ranks open (NCCL
+on GPUs, gloo on CPU; engine e fed by rank e % ranks). Every wait has the deadline `cluster.ray_call_timeout_s`
+(orchestration/calls.py). Left out here: the critic (PPO), and per-stage senders for PP>1 (each stage's lead rank
+would join the engine's update group; with PP>1 the driver sends, refused on GPUs at validation).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from slime_hydra.config.schema import MegatronConfig, ModelConfig, ParallelismCo
 from slime_hydra.orchestration import stacks
 from slime_hydra.orchestration.calls import RayCalls
 from slime_hydra.orchestration.placement import Layout, node_ip_and_free_port, on_bundle
-from slime_hydra.orchestration.rank_weights import RankStage, RankWeights, engine_ranks
+from slime_hydra.orchestration.rank_weights import RankStage, RankWeights, engine_ranks, feeder_ranks
 from slime_hydra.orchestration.stacks import ActorProcess
 from slime_hydra.orchestration.train_group import WeightsRef
 from slime_hydra.protocols import TrainBatch
@@ -96,6 +97,7 @@ class MegatronTrainGroup:
         self.labels = [f"rank {r}" for r in range(world)]
         self.layout = layout
         self.engine_ranks: Optional[list[list[int]]] = None  # set by setup: the pipeline split decides too
+        self.feeders: Optional[list[int]] = None  # likewise: who broadcasts to each engine's update group
         actor = ray.remote(MegatronRank)
         self.ranks = [actor.options(**layout.actor_options(), **on_bundle(pg, b)).remote(r, world, layout.use_gpu, num_threads)
                       for r, b in enumerate(layout.actor_bundles)]
@@ -108,6 +110,7 @@ class MegatronTrainGroup:
                        "train setup (process group, megatron groups, model)", self.labels)
         self.engine_ranks = engine_ranks(self.layout.actor_bundles, self.layout.engine_bundles,
                                          parallel.pipeline_model_parallel_size)  # None: the object-store route
+        self.feeders = feeder_ranks(len(self.ranks), len(self.layout.engine_bundles), parallel.pipeline_model_parallel_size)
 
     def _all(self, what: str, name: str, *args: Any) -> Any:
         """`name` on every rank (a collective); rank 0's answer."""
@@ -133,12 +136,12 @@ class MegatronTrainGroup:
         self._all("end of the warm start", "end_warm_start")
 
     def named_weights(self) -> WeightsRef | RankWeights:
-        """Colocated engines and PP=1: the ranks' TP-gathered weights, staged on their devices and sent from there when the
-        rollout sends from tensors (orchestration/rank_weights.py). Otherwise, or when iterated: rank 0's gathered
-        weights, left in the object store (the rollout manager passes the reference on)."""
-        if self.engine_ranks is None:
+        """PP=1: the ranks' TP-gathered weights, staged on their devices and sent from there when the rollout's route is
+        one the ranks serve (orchestration/rank_weights.py). Otherwise, or when iterated: rank 0's gathered weights, left
+        in the object store (the rollout manager passes the reference on)."""
+        if self.engine_ranks is None and self.feeders is None:
             return self._in_object_store()
-        return RankWeights(self.ranks, self.engine_ranks, self.calls, self._in_object_store)
+        return RankWeights(self.ranks, self.engine_ranks, self.feeders, self.calls, self._in_object_store)
 
     def _in_object_store(self) -> WeightsRef:
         refs = [r.named_weights.options(num_returns=2).remote() for r in self.ranks]

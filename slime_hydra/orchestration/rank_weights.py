@@ -1,17 +1,23 @@
-"""Weights sent from the train ranks to the SGLang engines colocated with them (`weight_sync=tensor` under Ray).
+"""Weights sent to the SGLang engines by the train ranks themselves, under Ray (slime's routes).
 
 The driver route (train_group.WeightsRef) copies rank 0's weights to the CPU, through the object store to the driver,
-and hands the engines shared-memory handles of that copy. slime's colocated route keeps them where they are: each
-rank holds its full (TP-gathered) Hugging Face tensors on its own device, and the engine on that device gets handles
-to them (CUDA IPC on a GPU, shared-memory files on CPU). An engine of `rollout_num_gpus_per_engine` > 1 GPUs gets one
-payload per engine TP rank, each from the train rank on that GPU. The driver still pauses, flushes and continues
-each engine and posts the payloads (HTTP on the loopback: the engines share the driver's node), bucket by bucket.
+which sends them. slime keeps them where they are: with PP=1 every rank holds its full (TP-gathered) Hugging Face
+tensors on its own device after the gather, and sends from there:
+- colocated engines (`weight_sync=tensor`): the engine on a rank's device gets handles to its tensors (CUDA IPC on a
+  GPU, shared-memory files on CPU); an engine of `rollout_num_gpus_per_engine` > 1 GPUs gets one payload per engine TP
+  rank, each from the train rank on that GPU. The driver posts the payloads (HTTP on the loopback), bucket by bucket.
+- any engine over an update group (`weight_sync=distributed`, disaggregated): engine e is fed by rank e % ranks
+  (`feeder_ranks`), which opens the engine's group as its rank 0 (NCCL from the rank's GPU, gloo on CPU; a new group
+  when the engine is relaunched), posts each bucket's /update_weights_from_distributed from a thread and broadcasts
+  (rollout/sglang/distributed.UpdateGroups). Engines fed by different ranks receive at the same time.
+The driver still pauses, flushes and continues each engine. With PP>1 a rank holds its stage's layers only, and the
+weights take the driver route (on GPUs, validation refuses the update group there: the driver has no GPU).
 
 `RankStage` is the rank's half (a mixin of the rank actors): `stage_weights` is a collective of every rank (the TP
-gather) and keeps the tensors until the next stage; `weight_payload` serialises one bucket and keeps it alive
-until `drop_payload`. `RankWeights` is the driver's half, a rollout/sglang/weights.TensorSource: the rollout stages
-it when it sends from tensors; iterating it falls back to the object-store route (what the disk, distributed and
-local-engine routes read), and nothing is staged then.
+gather) and keeps the tensors until the next stage on the ranks that send them; `weight_payload` serialises one bucket
+and keeps it alive until `drop_payload`; `broadcast_weights` feeds an engine's update group. `RankWeights` is the
+driver's half, a rollout/sglang/sources.TensorSource: the rollout stages it when it `serves` the rollout's route;
+otherwise (or when iterated) it falls back to the object-store route, and nothing is staged.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import torch
 
+from slime_hydra.rollout.sglang import distributed as D
 from slime_hydra.rollout.sglang import weights as W
 
 if TYPE_CHECKING:  # not at run time: `slime-hydra plan` reads engine_ranks without importing ray
@@ -27,17 +34,21 @@ if TYPE_CHECKING:  # not at run time: `slime-hydra plan` reads engine_ranks with
 
 
 class RankStage:
-    """The rank side; the class using it has `self.trainer` with named_weights() (this stage's HF tensors, TP-gathered)."""
+    """The rank side; the class using it has `self.trainer` with named_weights() (this stage's HF tensors, TP-gathered)
+    and `self.device` (its torch.device: the update groups' backend and tensors follow it)."""
 
     _staged: tuple = ()  # (name, tensor) pairs, set by stage_weights
     _buckets: Optional[list] = None
     _kept: Optional[dict] = None  # bucket index -> what its handles point to
+    _update_groups: Optional[D.UpdateGroups] = None  # this rank's, one per engine it feeds
 
-    def stage_weights(self) -> int:
-        """Collective (every TP rank joins the gather): this rank's full HF tensors, on its device -> their count."""
-        self._staged = tuple(self.trainer.named_weights())
+    def stage_weights(self, keep: bool = True) -> int:
+        """Collective (every TP rank joins the gather): this rank's full HF tensors, on its device, kept if this rank
+        sends them -> their count."""
+        staged = tuple(self.trainer.named_weights())
+        self._staged = staged if keep else ()
         self._buckets, self._kept = None, {}
-        return len(self._staged)
+        return len(staged)
 
     def weight_payload(self, index: int, buffer_bytes: int, dtype: str) -> tuple[str, Optional[str], int]:
         """Bucket `index`'s handles -> (payload, load_format, number of buckets); alive until drop_payload(index)."""
@@ -50,20 +61,37 @@ class RankStage:
     def drop_payload(self, index: int) -> None:
         self._kept.pop(index, None)
 
+    def broadcast_weights(self, engine: int, url: str, launch: int, version: int, tp_size: int, buffer_bytes: int,
+                          dtype: str, timeout: float) -> int:
+        """The staged tensors to engine `engine` over its update group, this rank its rank 0 -> the number of requests."""
+        if self._update_groups is None:
+            self._update_groups = D.UpdateGroups(self.device.type)
+        assert self._staged, "broadcast_weights before stage_weights(keep=True)"
+        return self._update_groups.send(engine, url, launch, list(self._staged), version, tp_size, buffer_bytes, dtype, timeout)
+
     def check_weights(self, url: str, dtype: str, timeout: float) -> int:
         return W.check_equal(url, self._staged, dtype, timeout)
 
 
 class RankWeights:
-    """TensorSource over the ranks' staged weights. engine_ranks[e]: the ranks on engine e's bundles, in the engine's
-    TP order. fallback(): the object-store route (a train_group.WeightsRef), for whoever iterates."""
+    """TensorSource over the ranks' staged weights. engine_ranks[e]: the ranks on engine e's bundles, in the engine's TP
+    order (None: not colocated). feeders[e]: the rank that broadcasts to engine e (None: PP>1). fallback(): the
+    object-store route (a train_group.WeightsRef), for whoever iterates."""
 
-    def __init__(self, ranks: list, engine_ranks: list[list[int]], calls: RayCalls, fallback: Callable[[], object]):
-        self.ranks, self.engine_ranks, self.calls, self._fallback = ranks, engine_ranks, calls, fallback
+    def __init__(self, ranks: list, engine_ranks: Optional[list[list[int]]], feeders: Optional[list[int]], calls: RayCalls,
+                 fallback: Callable[[], object]):
+        self.ranks, self.engine_ranks, self.feeders, self.calls, self._fallback = ranks, engine_ranks, feeders, calls, fallback
+
+    def serves(self, route: str) -> bool:
+        return {"tensor": self.engine_ranks, "distributed": self.feeders}.get(route) is not None
+
+    def _holders(self) -> set[int]:
+        return {r for rs in self.engine_ranks or () for r in rs} | set(self.feeders or ())
 
     def stage(self) -> None:
-        """Every rank (a collective: megatron's TP gather) stages its tensors on its device."""
-        self.calls.get([r.stage_weights.remote() for r in self.ranks], "staging the weights",
+        """Every rank (a collective: megatron's TP gather) stages its tensors on its device; those that send keep them."""
+        holders = self._holders()
+        self.calls.get([r.stage_weights.remote(i in holders) for i, r in enumerate(self.ranks)], "staging the weights",
                        [f"rank {r}" for r in range(len(self.ranks))])
 
     def _labels(self, engine: int) -> list[str]:
@@ -84,10 +112,16 @@ class RankWeights:
         assert len(self.engine_ranks[engine]) == tp_size, (self.engine_ranks, tp_size)
         return W.update_from_payloads(url, self._payloads(engine, buffer_bytes, dtype), version, timeout)
 
+    def broadcast(self, engine: int, url: str, launch: int, version: int, tp_size: int, buffer_bytes: int, dtype: str,
+                  timeout: float) -> int:
+        r = self.feeders[engine]
+        return self.calls.get(self.ranks[r].broadcast_weights.remote(engine, url, launch, version, tp_size, buffer_bytes, dtype,
+                                                                     timeout),
+                              f"broadcasting the weights to sglang engine {engine} over its update group", [f"rank {r}"])
+
     def check_equal(self, engine: int, url: str, dtype: str, timeout: float) -> int:
-        first = self.engine_ranks[engine][0]
-        return self.calls.get(self.ranks[first].check_weights.remote(url, dtype, timeout), "check_weight_update_equal",
-                              [f"rank {first}"])
+        r = self.engine_ranks[engine][0] if self.engine_ranks is not None else self.feeders[engine]
+        return self.calls.get(self.ranks[r].check_weights.remote(url, dtype, timeout), "check_weight_update_equal", [f"rank {r}"])
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         return iter(self._fallback())
@@ -107,3 +141,12 @@ def engine_ranks(actor_bundles: tuple[int, ...], engine_bundles: tuple[tuple[int
     if pipeline_stages > 1 or any(b not in rank_of for bundles in engine_bundles for b in bundles):
         return None
     return [[rank_of[b] for b in bundles] for bundles in engine_bundles]
+
+
+def feeder_ranks(num_ranks: int, num_engines: int, pipeline_stages: int = 1) -> Optional[list[int]]:
+    """The train rank that opens engine e's update group and broadcasts to it: e % num_ranks (every rank holds the whole
+    model after the TP gather, so the engines are spread over them and broadcast in parallel), or None where the model
+    is split into pipeline stages (the driver sends)."""
+    if pipeline_stages > 1 or num_ranks < 1:
+        return None
+    return [e % num_ranks for e in range(num_engines)]

@@ -8,14 +8,14 @@ child (ManagedProcess: the server's process group gets SIGTERM when the actor di
 listens. A restart relaunches through the same actor, or through a new one on the same bundle if the actor
 died. Every wait on an actor is a RayCalls wait with `cluster.ray_call_timeout_s`.
 
-Weights: colocated engines with megatron ranks (PP=1) get handles to the tensors of the ranks on their own bundles
-(orchestration/rank_weights.py, slime's route: CUDA IPC on GPUs); otherwise the driver fetches train rank 0's weights
-from the object store (TrainGroup.named_weights, or MegatronTrainGroup.named_weights: every stage's TP-gathered HF
-tensors) and posts them to the engines as in one process.
+Weights come from the train ranks (orchestration/rank_weights.py, slime's routes; megatron with PP=1): colocated engines
+get handles to the tensors of the ranks on their own bundles (CUDA IPC on GPUs), the others a broadcast over an update
+group the feeding rank opens (NCCL on GPUs, gloo on CPU). Otherwise (megatron PP>1, disk sync) the driver fetches
+train rank 0's weights from the object store (every stage's TP-gathered HF tensors) and sends them as in one process.
 
 Same host only: the engines listen on the loopback, load the initial checkpoint from the driver's output
-directory and share tensors with it through local memory (and the gloo update group of
-`weight_sync=distributed` rendezvouses on the loopback); an engine placed on another node is refused
+directory and share tensors with it through local memory (and the update groups of
+`weight_sync=distributed` rendezvous on the loopback); an engine placed on another node is refused
 with the keys to change. On GPUs an engine of several bundles sees the GPUs of all its bundles
 (CUDA_VISIBLE_DEVICES from a probe on each bundle, as slime does).
 """

@@ -5,8 +5,9 @@ per rank and `train_rollout` is `ray.get` of it, so a loop that wants training t
 rollout calls the first and gets the result later: where the `ray.get` sits decides the
 synchronisation. Each optimizer step's samples are split evenly over the ranks; gradients are
 all-reduced inside the ranks (slime_hydra/training/distributed.py), so every rank holds the same
-weights and rank 0 answers for the group (weights, checkpoints, state); colocated SGLang engines get the weights
-of the rank(s) on their own bundles instead (orchestration/rank_weights.py). The SFT warm start gives every
+weights and rank 0 answers for the group (weights, checkpoints, state); SGLang engines get the weights from the ranks
+instead (orchestration/rank_weights.py: colocated ones from the rank(s) on their bundles, the others over update groups
+the ranks open). The SFT warm start gives every
 rank the whole batch: identical work, identical weights, no communication.
 
 Ranks log their own timings into the driver's MLflow run by run id (`perf/rank<r>_train_time_s`).
@@ -27,7 +28,7 @@ from slime_hydra.config.schema import ModelConfig
 from slime_hydra.orchestration import stacks
 from slime_hydra.orchestration.calls import RayCalls
 from slime_hydra.orchestration.placement import Layout, node_ip_and_free_port, on_bundle
-from slime_hydra.orchestration.rank_weights import RankStage, RankWeights, engine_ranks
+from slime_hydra.orchestration.rank_weights import RankStage, RankWeights, engine_ranks, feeder_ranks
 from slime_hydra.orchestration.stacks import ActorProcess
 from slime_hydra.protocols import TrainBatch
 from slime_hydra.runtime import seed_everything
@@ -133,6 +134,7 @@ class TrainGroup:
         self.calls, self.distributed_timeout_s = calls, distributed_timeout_s
         self.labels = [f"rank {r}" for r in range(world)]
         self.engine_ranks = engine_ranks(layout.actor_bundles, layout.engine_bundles)  # None: not colocated
+        self.feeders = feeder_ranks(world, len(layout.engine_bundles))  # who broadcasts to each engine's update group
         actor = ray.remote(TrainRank)
         self.ranks = [actor.options(**layout.actor_options(), **on_bundle(pg, b)).remote(r, world, layout.use_gpu, num_threads,
                                                                                           tracking_uri, run_id)
@@ -171,12 +173,9 @@ class TrainGroup:
         return self._all("sft_step", batch, lr)
 
     def named_weights(self) -> WeightsRef | RankWeights:
-        """Colocated engines: each rank's own (identical) weights, staged on its device and sent from there when the
-        rollout sends from tensors (orchestration/rank_weights.py). Otherwise, or when iterated: rank 0's, in the object
-        store."""
-        if self.engine_ranks is None:
-            return self._in_object_store()
-        return RankWeights(self.ranks, self.engine_ranks, self.calls, self._in_object_store)
+        """Each rank's own (identical) weights, staged on its device and sent from there when the rollout's route is
+        one the ranks serve (orchestration/rank_weights.py). Otherwise, or when iterated: rank 0's, in the object store."""
+        return RankWeights(self.ranks, self.engine_ranks, self.feeders, self.calls, self._in_object_store)
 
     def _in_object_store(self) -> WeightsRef:
         return WeightsRef(self.ranks[0].named_weights.remote(), self.calls)

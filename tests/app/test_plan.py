@@ -111,8 +111,24 @@ def test_disaggregated_async_plan():
                                                           "PP": [[0], [1], [2], [3]]}
     assert engines(text) == {0: ([4], 0), 1: ([5], 0), 2: ([6], 0), 3: ([7], 0)}
     assert "on all of its bundle" in text and "rollout.weight_sync=auto -> distributed (cluster.colocate=false)" in text
-    # build_ray refuses the driver's NCCL update group on GPUs at launch: the plan says so
-    assert any("rollout.weight_sync=distributed" in line for line in section(text, "not runnable yet"))
+    # the train ranks open the engines' NCCL update groups (engine e fed by rank e % 4): runnable, nothing via the driver
+    sync = section(text, "weight sync: ")
+    assert sync[0].startswith("  from each train rank's own TP-gathered Hugging Face tensors"), sync
+    assert sync[1].startswith("  by the train ranks: ") and "(NCCL from the rank's GPU)" in sync[1], sync
+    assert "(engine 0: rank 0; engine 1: rank 1; engine 2: rank 2; engine 3: rank 3)" in sync[1], sync
+    assert section(text, "not runnable yet") == []
+    # with pipeline stages a rank holds one stage: the driver would be rank 0 of an NCCL group, and holds no GPU
+    staged = plan.plan_text([f"experiment={ASYNC}", "parallelism.pipeline_model_parallel_size=2"])
+    assert "  by the driver: " in staged and "the driver its rank 0" in staged
+    assert any("parallelism.pipeline_model_parallel_size=2" in line for line in section(staged, "not runnable yet"))
+
+
+def test_update_group_to_colocated_gpu_engines_is_not_runnable():
+    """A rank and its engine share a GPU, and NCCL refuses two ranks of a group on one device: refused, keys named."""
+    text = plan.plan_text([f"experiment={QWEN3_4B}", "rollout.weight_sync=distributed"])
+    (refusal,) = section(text, "not runnable yet")
+    assert "rollout.weight_sync=distributed with cluster.colocate=true on cluster.device=auto" in refusal
+    assert "set rollout.weight_sync=auto (tensor when colocated), or cluster.colocate=false" in refusal
 
 
 def test_two_nodes_with_pipeline_stages():

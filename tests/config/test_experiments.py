@@ -26,11 +26,8 @@ from tests.support.runs import EXPERIMENTS, ROOT, run_cli
 GOLDEN = ROOT / "tests" / "golden"
 # experiment -> the problem it waits on (a feature another issue adds); a PENDING experiment is refused at validation
 # (exit 2, before Ray starts), so it cannot pass here and then fail at launch
-# issue 22: disaggregated engines on GPUs would need the NCCL update group opened by the train ranks (the driver holds no GPU)
-RAY_GPU_UPDATE_GROUP = "cluster.backend=ray does not drive rollout.weight_sync=distributed"
-PENDING: dict[str, str] = {
-    "async/qwen3-4b-dapo-math-1n8g-megatron-sglang-async-v1": RAY_GPU_UPDATE_GROUP,
-}
+# (none now: the async 1n8g recipe's NCCL update groups are opened by the train ranks, orchestration/rank_weights.py)
+PENDING: dict[str, str] = {}
 
 
 def compose(name: str):

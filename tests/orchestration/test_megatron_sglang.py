@@ -3,8 +3,9 @@
 2 megatron ranks (TP=2 over gloo; a second pair with DP=2, TP=1, drives the same engines) and 2 real SGLang CPU engines
 behind the real sglang-router, on a `ray start --head` cluster of 6 CPUs this module starts (4 bundles when
 disaggregated, 2 more for the DP=2 pair); their log-probs and first train step are the in-process megatron run's. The
-ranks gather their TP shards to Hugging Face names; rank 0's tensors reach the driver through the object store and go to each engine in buckets, over a gloo update
-group (disaggregated) or from tensors (colocated), inside pause/flush/continue; every sync is checked equal
+ranks gather their TP shards to Hugging Face names and send them to the engines themselves, in buckets: engine e over a
+gloo update group that rank e opens (disaggregated; a relaunched engine gets a new one), or as handles from the rank on
+its bundle (colocated); the driver pauses, flushes and continues, and never fetches the weights. Every sync is checked equal
 (`rollout.check_weight_update_equal=true`) and every sample carries the weight version that generated it. The ranks
 run megatron on CPU under tests/support/megatron_cpu/shim.py, installed in every worker of the job by a
 `worker_process_setup_hook` (tests/orchestration/test_megatron_group.py); the engine actors get it too, their servers do not.
@@ -13,6 +14,7 @@ run megatron on CPU under tests/support/megatron_cpu/shim.py, installed in every
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import tempfile
 import threading
@@ -120,6 +122,37 @@ def step_and_two_rollouts(label: str, args: list[str], cfg, c, out: Path) -> tup
     print(f"{label}: first step {t1 - t0:.0f} s, 2 rollouts {time.monotonic() - t1:.0f} s; {step}; "
           f"{[{k: v for k, v in m.items() if 'sync' in k or 'logprob' in k} for _, m in history]}")
     return step, history
+
+
+@contextlib.contextmanager
+def fetches_counted(trainer):
+    """The train group's object-store route (rank 0's gathered weights to the driver), counted: one entry per call."""
+    calls: list[int] = []
+    fetch = trainer._in_object_store
+    trainer._in_object_store = lambda: calls.append(1) or fetch()
+    try:
+        yield calls
+    finally:
+        trainer._in_object_store = fetch
+
+
+def rank_update_groups(rank) -> dict[int, str]:
+    """engine index -> the name of the update group this train rank actor opened for it (RankStage's own)."""
+    import ray
+
+    names = lambda self: {e: g.pg_name for e, g in (self._update_groups.groups if self._update_groups else {}).items()}  # noqa: E731
+    return ray.get(rank.__ray_call__.remote(names), timeout=60)
+
+
+def assert_ranks_fed_the_engines(c, fetched: list) -> None:
+    """Over update groups opened by the ranks (engine e by rank e): the driver opened none, fetched nothing."""
+    from slime_hydra.orchestration.rank_weights import RankWeights
+
+    r = c.rollout
+    assert r.mode == "distributed" and r._groups == {} and fetched == [], (r._groups, fetched)
+    assert isinstance(r._last_weights, RankWeights) and r._last_weights.feeders == [0, 1]
+    for rank, e in ((0, 0), (1, 1)):
+        assert list(rank_update_groups(c.trainer.ranks[rank])) == [e]
 
 
 def assert_engines_hold_rank0s_weights(cfg, c) -> None:
@@ -238,16 +271,18 @@ def test_disaggregated_grpo_learns_data_parallel(cluster, tmp_path):
 
 @pytest.fixture(scope="module")
 def disaggregated(cluster, tmp_path_factory):
-    """2 rollouts, disaggregated (cluster.colocate=false: weights over one gloo update group per engine, from the driver),
-    after the first-step log-prob comparison. The components stay up for the kill test."""
+    """2 rollouts, disaggregated (cluster.colocate=false: weights over one gloo update group per engine, opened
+    by the rank that feeds it), after the first-step log-prob comparison; the object-store fetches during it counted. The
+    components stay up for the kill test."""
     out = tmp_path_factory.mktemp("disaggregated")
     args = [*COMMON, *TP2, *RAY, "cluster.colocate=false", *SHORT]
     t0 = time.monotonic()
     cfg, c = built(out, args)
     print(f"disaggregated: build {time.monotonic() - t0:.0f} s")
     try:
-        lp, history = step_and_two_rollouts("disaggregated", args, cfg, c, out)
-        yield cfg, c, history, lp
+        with fetches_counted(c.trainer) as fetched:
+            lp, history = step_and_two_rollouts("disaggregated", args, cfg, c, out)
+        yield cfg, c, history, lp, fetched
     finally:
         c.rollout.shutdown()
 
@@ -256,10 +291,10 @@ def test_disaggregated_syncs_every_update_equal_and_matches_one_process(disaggre
     from slime_hydra.orchestration.megatron_group import MegatronTrainGroup
     from slime_hydra.orchestration.sglang_engines import RayLauncher, RemoteServer
 
-    cfg, c, history, lp = disaggregated
+    cfg, c, history, lp, fetched = disaggregated
     r = c.rollout
     assert isinstance(c.trainer, MegatronTrainGroup) and isinstance(r.group.launcher, RayLauncher)
-    assert r.mode == "distributed" and set(r._groups) == {0, 1}  # one gloo update group per engine
+    assert_ranks_fed_the_engines(c, fetched)  # one gloo update group per engine, rank 0 -> engine 0, rank 1 -> engine 1
     assert all(isinstance(e.process, RemoteServer) and e.process.alive() for e in r.group.engines)
     # the ranks' TP=2 log-probs are the single process's (TP=1) to float32 rounding; the engines' (other kernels) close
     assert lp["tokens"] > 0 and lp["ray_vs_local"] < 1e-4, lp
@@ -278,9 +313,10 @@ def test_killed_engine_actor_mid_rollout_loses_and_duplicates_nothing(disaggrega
 
     from slime_hydra.rollout.sglang import weights as W
 
-    cfg, c, _, _ = disaggregated
+    cfg, c, _, _, _ = disaggregated
     r = c.rollout
     e, launcher = r.group.engines[0], r.group.launcher
+    before = rank_update_groups(c.trainer.ranks[0])[0]
     actor, actor_pid, server = launcher.actors[0], launcher.actor_pids[0], e.process.pid
     groups = c.source.next_groups(16)
     samples = [s for g in groups for s in g]
@@ -303,8 +339,11 @@ def test_killed_engine_actor_mid_rollout_loses_and_duplicates_nothing(disaggrega
           f"{r.client.retried} requests re-sent")
     assert e.restarts == 1 and e.launches == 2
     assert launcher.actors[0] is not actor and launcher.actor_pids[0] != actor_pid and e.process.pid != server  # a new actor
+    # resynced by rank 0 over a new group (the new server has none of the old one's state), before it served again
+    after = rank_update_groups(c.trainer.ranks[0])[0]
+    assert before.startswith("slime_hydra_engine0_launch1_") and after.startswith("slime_hydra_engine0_launch2_"), (before, after)
     named = list(c.trainer.named_weights())
-    assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)  # resynced before it served again
+    assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)
     body = {"input_ids": [10, 11, 12], "sampling_params": {"max_new_tokens": 2}}
     assert httpx.post(e.url + "/generate", json=body, timeout=60).json()["meta_info"]["weight_version"] == str(r.weight_version)
 
@@ -325,7 +364,7 @@ def data_parallel(cluster, disaggregated, tmp_path_factory):
     from slime_hydra.orchestration.calls import RayCalls
     from slime_hydra.orchestration.placement import create_placement_group
 
-    _, shared, _, _ = disaggregated
+    _, shared, _, _, _ = disaggregated
     out = tmp_path_factory.mktemp("data_parallel")
     # token_mean here (the experiment's sample_token_mean for TP=2): the denominator is the step's token count, which
     # neither DP rank sees alone
@@ -334,14 +373,17 @@ def data_parallel(cluster, disaggregated, tmp_path_factory):
     t0 = time.monotonic()
     # the train bundles only: the engines are the shared ones
     pg, layout = create_placement_group(dataclasses.replace(cfg.cluster, rollout_num_gpus=0), "the module's cluster")
+    # the engines the ranks feed are the shared ones (bundles of the module's other group: none of these ranks' own)
+    layout = dataclasses.replace(layout, engine_bundles=shared.rollout.group.launcher.layout.engine_bundles)
     trainer = None
     try:
         calls = RayCalls(cfg.cluster.ray_call_timeout_s)
         trainer = build_train_group(cfg, run_specs(cfg), cfg.model, pg, layout, calls, None, None)
         c = dataclasses.replace(shared, trainer=trainer, state=LoopState(), buffer=None)  # a fresh buffer on the same source
         print(f"data parallel: ranks {time.monotonic() - t0:.0f} s")
-        step, history = step_and_two_rollouts("data parallel", args, cfg, c, out)
-        yield cfg, c, history, step
+        with fetches_counted(trainer) as fetched:
+            step, history = step_and_two_rollouts("data parallel", args, cfg, c, out)
+        yield cfg, c, history, step, fetched
     finally:
         if trainer is not None:
             trainer.shutdown()
@@ -354,9 +396,10 @@ def test_data_parallel_syncs_every_update_equal_and_matches_one_process(data_par
     response tokens, of which each rank holds part), the gradients summed, not averaged, over the ranks."""
     from slime_hydra.orchestration.megatron_group import MegatronTrainGroup
 
-    cfg, c, history, step = data_parallel
+    cfg, c, history, step, fetched = data_parallel
     r = c.rollout
     assert isinstance(c.trainer, MegatronTrainGroup) and cfg.parallelism.tensor_model_parallel_size == 1
+    assert_ranks_fed_the_engines(c, fetched)  # these ranks' own groups, engine 0's for its second launch
     assert step["tokens"] > 0 and step["ray_vs_local"] < 1e-4 and step["ray_vs_engine"] < 1e-2, step
     assert_first_step_equal(step)
     assert versions_of(history) == [0.0, 1.0] and r.weight_version == 2 == r.synced_version

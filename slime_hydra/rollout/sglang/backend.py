@@ -3,7 +3,9 @@
 Generation posts each sample's token ids to the router (concurrency `sglang_server_concurrency` per
 engine) and reads back token ids, logprobs and the weight version that produced them. Weight sync
 goes to every engine directly, bucketed, inside pause_generation / continue_generation, and the
-version is stamped on the engine with the weights. With `use_fault_tolerance`, a dead engine is
+version is stamped on the engine with the weights. Where the tensors are sent from is the weights'
+own business (sources.TensorSource: this process, or the train ranks under Ray); over update groups
+the engines are synced at once (each engine's group has its own sender). With `use_fault_tolerance`, a dead engine is
 restarted by the health monitor and resynced (the last synced weights: the trainer's tensors, which
 do not change between a sync and the next train step, or the last checkpoint written for disk sync)
 before it serves; its in-flight requests fail, and are sent again through the router.
@@ -16,6 +18,7 @@ import asyncio
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -24,6 +27,7 @@ import torch
 
 from slime_hydra.config.schema import RolloutConfig
 from slime_hydra.rollout.sglang import distributed as D
+from slime_hydra.rollout.sglang import sources as S
 from slime_hydra.rollout.sglang import weights as W
 from slime_hydra.rollout.sglang.checks import weight_sync_mode
 from slime_hydra.rollout.sglang.client import Generated, RouterClient
@@ -54,9 +58,10 @@ class SGLangRollout:
                                  dict(cfg.sglang_env), launcher)
         self.weight_version = 0
         self.synced_version: Optional[int] = None  # None until the first sync: engines report "default"
-        self._last_weights: W.TensorSource = W.LocalTensors([])
+        self._update_groups = D.UpdateGroups(device)  # weight_sync=distributed from this process: one group per engine
+        self._groups = self._update_groups.groups
+        self._last_weights: S.TensorSource = S.LocalTensors([], self._update_groups)
         self._last_disk: Optional[Path] = None
-        self._groups: dict[int, D.UpdateGroup] = {}  # weight_sync=distributed: one update group per engine
         self._sync_lock = threading.Lock()
         self._aborted = False
         self._released = False
@@ -138,10 +143,10 @@ class SGLangRollout:
     # -- weights --------------------------------------------------------------------------------------
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """named_tensors: the trainer's weights; a W.TensorSource (colocated Ray ranks) is staged and sends its handles
-        itself when weights go from tensors, and is iterated (fetched here) for the other routes."""
+        """named_tensors: the trainer's weights; a sources.TensorSource that serves this rollout's route (the Ray ranks)
+        is staged and sends itself; anything else is iterated (fetched here) and sent from this process."""
         t0 = time.perf_counter()
-        source = named_tensors if self.mode == "tensor" and isinstance(named_tensors, W.TensorSource) else W.LocalTensors(named_tensors)
+        source = self._source(named_tensors)
         with self._sync_lock:
             if self._released:
                 self.resume_memory()
@@ -149,7 +154,8 @@ class SGLangRollout:
             if self.mode == "disk":
                 self._last_disk = W.write_checkpoint(source.tensors, self.init_dir, self.dir / "weights", self.dtype)
             t1 = time.perf_counter()
-            requests = sum(self._sync_engine(e, source, version) for e in self.group.engines if e.healthy.is_set())
+            requests = sum(self._on_engines([e for e in self.group.engines if e.healthy.is_set()],
+                                            lambda e: self._sync_engine(e, source, version)))
             self._last_weights, self.weight_version, self.synced_version = source, version, version
             self._weights_lost = False
         t2 = time.perf_counter()
@@ -161,7 +167,20 @@ class SGLangRollout:
             self.sync_stats = {"rollout/weight_sync_requests": float(requests), "perf/weight_sync_write_s": t1 - t0,
                                "perf/weight_sync_send_s": t2 - t1, "perf/weight_sync_check_s": time.perf_counter() - t2}
 
-    def _sync_engine(self, e: Engine, source: W.TensorSource, version: int) -> int:
+    def _source(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> S.TensorSource:
+        if self.mode != "disk" and isinstance(named_tensors, S.TensorSource) and named_tensors.serves(self.mode):
+            return named_tensors
+        return S.LocalTensors(named_tensors, self._update_groups)
+
+    def _on_engines(self, engines: list[Engine], sync) -> list[int]:
+        """sync(e) for each engine: at once over update groups (engines fed by different senders receive in parallel),
+        one after another otherwise (handles and disk reloads share this host's memory and disk)."""
+        if self.mode != "distributed" or len(engines) < 2:
+            return [sync(e) for e in engines]
+        with ThreadPoolExecutor(len(engines), thread_name_prefix="sglang-weight-sync") as pool:
+            return list(pool.map(sync, engines))
+
+    def _sync_engine(self, e: Engine, source: S.TensorSource, version: int) -> int:
         """-> the number of weight-update requests the engine got (buckets; 1 from disk)."""
         timeout = self.cfg.sglang_request_timeout_s
         paused = W.post(e.url, "/pause_generation", {}, timeout).status_code == 200
@@ -169,9 +188,8 @@ class SGLangRollout:
             if self.mode == "tensor":
                 n = source.send(e.index, e.url, version, self.tp_size, self.cfg.update_weight_buffer_size, self.dtype, timeout)
             elif self.mode == "distributed":
-                self._groups[e.index] = g = D.new_group(e.url, e.index, e.launches, self.tp_size, self.device, timeout,
-                                                        self._groups.get(e.index))
-                n = g.send(source.tensors, version, self.cfg.update_weight_buffer_size, self.dtype)
+                n = source.broadcast(e.index, e.url, e.launches, version, self.tp_size, self.cfg.update_weight_buffer_size,
+                                     self.dtype, timeout)
             else:
                 n = W.update_from_disk(e.url, self._last_disk, version, timeout)
             if self.mode != "disk":  # update_weights_from_disk flushes itself

@@ -1,13 +1,18 @@
 """Weight sync over a distributed update group (disaggregated engines): `rollout.weight_sync=distributed`.
 
-Per engine, one torch process group of 1 + tp ranks: rank 0 is this process (it holds the trainer's
-tensors), ranks 1..tp are the engine's tp workers, joined by SGLang's /init_weights_update_group.
+Per engine, one torch process group of 1 + tp ranks: rank 0 is the process holding the trainer's tensors,
+ranks 1..tp are the engine's tp workers, joined by SGLang's /init_weights_update_group. That process is
+this one (one process, or the driver's copy from the object store when the ranks cannot send) or, under
+Ray, the train rank chosen to feed the engine (orchestration/rank_weights.py: it opens the group and
+broadcasts its own staged tensors, as slime's ranks do; the driver only pauses, flushes and continues).
 A bucket (at most `update_weight_buffer_size` bytes in the engine's dtype, packed by size alone, as
 `weights.buckets` does for every path) is one /update_weights_from_distributed
-request naming its tensors, dtypes and shapes; while the engine waits in it, rank 0 broadcasts the
-tensors in that order. The backend is gloo on CPU and NCCL on CUDA (the device of the tensors).
+request naming its tensors, dtypes and shapes, posted from a thread of rank 0's process; while the
+engine waits in it, rank 0 broadcasts the tensors in that order. The backend is gloo on CPU and NCCL on
+CUDA (the device of the process holding the tensors: a rank's own GPU under Ray).
 One group per engine, not one for all: a restarted engine gets a new group without touching the
-others (slime uses one group; on many engines that broadcasts once instead of once per engine).
+others, and engines fed by different ranks receive at the same time (slime uses one group; on many
+engines that broadcasts once instead of once per engine). `UpdateGroups` keeps a process's groups.
 Left out: engines on other hosts (the master address is the loopback; it would be this host's IP).
 """
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import os
 import threading
 import time
 from typing import Optional
@@ -25,6 +31,7 @@ from slime_hydra.rollout.sglang import weights as W
 from slime_hydra.rollout.sglang.process import free_port
 
 _OPENED = itertools.count()  # groups opened by this process
+_OPENING = threading.Lock()  # torch's group registry is process-global: one group built at a time
 
 
 def open_rank0_group(backend: str, port: int, world_size: int, group_name: str, timeout_s: float):
@@ -76,13 +83,15 @@ class UpdateGroup:
         self.pg, self.pg_name = None, ""
 
     def open(self) -> None:
-        """A torch group name is taken for good in a process once used: every group opened gets a new one."""
-        port, self.pg_name = free_port(), f"{self.name}_{next(_OPENED)}"
+        """A torch group name is taken for good in a process once used (the engine's too, whoever opened it): every group
+        opened gets a new one, unique across the processes that feed the engine (the pid)."""
+        port, self.pg_name = free_port(), f"{self.name}_{os.getpid()}_{next(_OPENED)}"
         body = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 1 + self.tp_size,
                 "group_name": self.pg_name, "backend": self.backend}
         t, out = _post_in_thread(self.url, "/init_weights_update_group", body, self.timeout_s)
         try:
-            self.pg = open_rank0_group(self.backend, port, 1 + self.tp_size, self.pg_name, self.timeout_s)
+            with _OPENING:
+                self.pg = open_rank0_group(self.backend, port, 1 + self.tp_size, self.pg_name, self.timeout_s)
         except Exception as e:
             t.join(self.timeout_s)
             detail = out.get("response").text[:300] if "response" in out else out.get("error")
@@ -120,7 +129,8 @@ class UpdateGroup:
     def _broadcast(self, tensors: list[torch.Tensor], request: threading.Thread, out: dict) -> None:
         """In the order of the request's `names`; fails at once if the request ends before the tensors are
         received (the engine refused them) instead of waiting out the group's timeout."""
-        works = [torch.distributed.broadcast(t, src=0, group=self.pg, async_op=True) for t in tensors]
+        # group_src: this process may be a train rank of another group too (its global rank is not this group's)
+        works = [torch.distributed.broadcast(t, group=self.pg, async_op=True, group_src=0) for t in tensors]
         deadline = time.monotonic() + self.timeout_s
         while not all(w.is_completed() for w in works):
             if not request.is_alive():
@@ -145,3 +155,21 @@ def new_group(url: str, engine_index: int, launch: int, tp_size: int, device_typ
     if old is not None and old.name == name:
         return old
     return UpdateGroup(url, tp_size, group_backend(device_type), timeout_s, name)
+
+
+class UpdateGroups:
+    """The update groups this process is rank 0 of, one per engine index, each opened at its first send and kept
+    until the engine is relaunched (a new `launch`: new_group). The device type of the tensors sent (this process's:
+    a train rank's own device under Ray) picks gloo or NCCL."""
+
+    def __init__(self, device_type: str):
+        self.device_type = device_type
+        self.groups: dict[int, UpdateGroup] = {}
+        self._lock = threading.Lock()
+
+    def send(self, engine: int, url: str, launch: int, named_tensors: list[tuple[str, torch.Tensor]], version: int,
+             tp_size: int, buffer_bytes: int, dtype: str, timeout: float) -> int:
+        """All buckets to engine `engine` at `url` (paused by the caller) -> the number of requests."""
+        with self._lock:
+            self.groups[engine] = g = new_group(url, engine, launch, tp_size, self.device_type, timeout, self.groups.get(engine))
+        return g.send(named_tensors, version, buffer_bytes, dtype)

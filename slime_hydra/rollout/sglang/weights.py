@@ -10,8 +10,8 @@ HTTP. On CPU the handles must be shared-memory file names (torch's `file_system`
 `file_descriptor` strategy passes fds through a socket whose auth key the server does not have, and
 the server dies. On CUDA they are CUDA IPC handles (sglang's patched reductions). sglang >= 0.5.2x wants
 the updates inside /begin_weight_update ... /end_weight_update; older releases have no such endpoints.
-A TensorSource says where the tensors are serialised: here (LocalTensors) or in colocated train ranks under Ray
-(orchestration/rank_weights.py), which post the same payloads through update_from_payloads.
+Where the tensors are serialised (here, or in colocated train ranks under Ray, which post the same payloads through
+update_from_payloads) is a sources.TensorSource's choice.
 From disk: a safetensors file beside the engine's config, then /update_weights_from_disk.
 Over a distributed update group (disaggregated engines): `distributed`.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Protocol, runtime_checkable
+from typing import Iterable, Iterator, Optional
 
 import httpx
 import torch
@@ -157,43 +157,6 @@ def update_from_tensors(url: str, named_tensors: list[tuple[str, torch.Tensor]],
                         buffer_bytes: int, dtype: str, timeout: float) -> int:
     """All buckets to one engine; returns the number of /update_weights_from_tensor requests (= buckets)."""
     return update_from_payloads(url, local_payloads(named_tensors, tp_size, buffer_bytes, dtype), version, timeout)
-
-
-@runtime_checkable
-class TensorSource(Protocol):
-    """Weights that reach an engine as tensor handles from where they live. `LocalTensors`: this process's tensors.
-    Under Ray, colocated train ranks hold theirs and serialise them on their own device (CUDA IPC handles on a GPU,
-    shared-memory files on CPU): orchestration/rank_weights.py. Iterating gives the named tensors themselves."""
-
-    def stage(self) -> None:
-        """Make the tensors ready where they live, once per sync, before any send (the ranks' gather)."""
-
-    def send(self, engine: int, url: str, version: int, tp_size: int, buffer_bytes: int, dtype: str, timeout: float) -> int:
-        """Engine `engine` at `url` (paused by the caller) gets every bucket; -> the number of requests."""
-
-    def check_equal(self, engine: int, url: str, dtype: str, timeout: float) -> int:
-        """check_equal against the engine, where the tensors are; -> the number of tensors compared."""
-
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]: ...
-
-
-class LocalTensors:
-    """TensorSource of this process's tensors (one process, or the driver's copy from the object store)."""
-
-    def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]]):
-        self.tensors = list(named_tensors)
-
-    def stage(self) -> None:
-        pass  # they are here
-
-    def send(self, engine: int, url: str, version: int, tp_size: int, buffer_bytes: int, dtype: str, timeout: float) -> int:
-        return update_from_tensors(url, self.tensors, version, tp_size, buffer_bytes, dtype, timeout)
-
-    def check_equal(self, engine: int, url: str, dtype: str, timeout: float) -> int:
-        return check_equal(url, self.tensors, dtype, timeout)
-
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter(self.tensors)
 
 
 def write_checkpoint(named_tensors: list[tuple[str, torch.Tensor]], init_dir: Path, out_dir: Path, dtype: str) -> Path:

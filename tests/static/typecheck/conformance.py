@@ -7,6 +7,7 @@ from slime_hydra.agent.hook import AgentRollout
 from slime_hydra.data.source import PromptSource as InMemorySource
 from slime_hydra.data.stream import StreamingPromptSource
 from slime_hydra.orchestration.megatron_group import MegatronTrainGroup
+from slime_hydra.orchestration.rank_weights import RankWeights
 from slime_hydra.orchestration.rollout_manager import RemoteRollout, RemoteSource
 from slime_hydra.orchestration.train_group import TrainGroup
 from slime_hydra.protocols import PromptSource, RolloutBackend, Scorer, Tracker, TrainBackend
@@ -14,6 +15,7 @@ from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.rollout.local import LocalRollout
 from slime_hydra.rollout.replay import NoWeightSync, ReplayRollout
 from slime_hydra.rollout.sglang.backend import SGLangRollout
+from slime_hydra.rollout.sglang.sources import LocalTensors, TensorSource
 from slime_hydra.tracking.base import NullTracker
 from slime_hydra.tracking.mlflow_tracker import MLflowTracker
 from slime_hydra.tracking.tensorboard_tracker import TensorBoardTracker
@@ -43,6 +45,12 @@ def train_backends(torch_: TorchTrainBackend, data_parallel: DataParallelTorchBa
     t = ray_group
     t = ray_megatron
     t = no_train
+
+
+def tensor_sources(local: LocalTensors, ranks: RankWeights) -> None:
+    w: TensorSource
+    w = local
+    w = ranks
 
 
 def trackers(mlflow: MLflowTracker, tensorboard: TensorBoardTracker, null: NullTracker) -> None:
