@@ -41,14 +41,14 @@ class ValueHead(MegatronModule):
 
     def __init__(self, config, hidden_size: int):
         super().__init__(config)
-        self.linear = torch.nn.Linear(hidden_size, 1, bias=True, dtype=config.params_dtype)
-        torch.nn.init.zeros_(self.linear.weight)
-        torch.nn.init.zeros_(self.linear.bias)
+        # `weight` and `bias` at the top: GPTModel.sharded_state_dict looks up `output_layer.weight`
+        self.weight = torch.nn.Parameter(torch.zeros(1, hidden_size, dtype=config.params_dtype))
+        self.bias = torch.nn.Parameter(torch.zeros(1, dtype=config.params_dtype))
 
     def forward(self, hidden: torch.Tensor, weight=None, runtime_gather_output=None):
         if self.config.sequence_parallel:  # [s/tp, b, H] -> [s, b, H]; backward: each rank keeps its slice's gradient
             hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
-        return self.linear(hidden), None
+        return torch.nn.functional.linear(hidden, self.weight, self.bias), None
 
 
 class MegatronCritic:

@@ -1,0 +1,95 @@
+"""PPO's megatron critic on CPU (tests/support/megatron_cpu/shim.py): the torch critic's numbers, any layout, exact resume.
+
+One process holds TP=PP=DP=1 and the torch backend on the same HF weights; two spawned gloo processes run TP=2, PP=2
+and DP=2 (distributed optimizer) critics on the same batch, each checked against the single-rank one.
+"""
+
+from __future__ import annotations
+
+import copy
+import socket
+
+import pytest
+import torch
+
+from tests.support.megatron_cpu import shim, workers
+
+LAYOUTS = ("tp2", "pp2", "dp2")
+
+
+@pytest.fixture(scope="module")
+def setup():
+    shim.install()
+    return workers.tiny_setup(workers.PPO)
+
+
+@pytest.fixture(scope="module")
+def single(setup, tmp_path_factory):
+    cfg, _, hf = setup
+    out = tmp_path_factory.mktemp("critic1")
+    return out, workers.critic_run(cfg, hf, {}, str(out), "tp1")
+
+
+@pytest.fixture(scope="module")
+def parallel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("critic2")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(workers.critic_spawn_main, args=(2, port, str(out), list(LAYOUTS)), nprocs=2, join=True)
+    return out
+
+
+def test_first_ppo_steps_equal_the_torch_critics(setup, single):
+    """Same HF weights, same batch: values, value loss, clip fraction and grad norm of the torch critic (TorchCritic) and
+    the megatron one agree to float32 rounding over two rollouts (one optimizer step each, 4 micro-batches).
+    Rollout 1: the zero head gives values 0 and the gradient reaches only the head (dV/dbody = w = 0); rollout 2 moves
+    the body too. Adam's first step moves each head weight by lr·sign(g), so the values after it agree to rounding."""
+    from tests.support.trainers import torch_backend
+
+    cfg, _, hf = setup
+    tb = torch_backend(copy.deepcopy(hf), cfg.algorithm, cfg.train, 1.0, 10, torch.device("cpu"), max_response_len=8)
+    tb.freeze_reference()
+    want = workers.critic_steps(tb)
+    got = single[1]
+    assert torch.equal(got["values"][0], torch.zeros_like(got["values"][0])) and torch.equal(want["values"][0], got["values"][0])
+    mask = workers.fixed_batch().loss_mask.bool()
+    # fp32 both sides, values of order 1e-2..1: summation orders differ (megatron's fused qkv / TP shards vs HF's)
+    assert (got["values"][1][mask] - want["values"][1][mask]).abs().max() < 1e-5
+    assert got["values"][1][mask].abs().max() > 1e-3  # the critic moved
+    for r in (0, 1):
+        for k in ("train/value_loss", "train/value_clipfrac", "train/values_mean", "train/value_grad_norm"):
+            assert got["metrics"][r][k] == pytest.approx(want["metrics"][r][k], rel=1e-4, abs=1e-6), (r, k)
+    m1, m2 = got["metrics"]
+    # rollout 1, by hand: values 0, returns G = reward R of the row on its mask ((1, 0, 1, 0.5): workers.PPO_RETURNS)
+    # -> 0.5 · sum over rows of mean_t G² / 4 rows (sample_token_mean, the default) = 0.5 · (1 + 0 + 1 + 0.25) / 4
+    assert m1["train/value_loss"] == pytest.approx(0.5 * 2.25 / 4, rel=1e-6) and m1["train/values_mean"] == 0
+    assert m2["train/value_loss"] < m1["train/value_loss"] and m2["train/value_clipfrac"] == 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_parallel_layouts_equal_the_single_rank_critic(single, parallel, layout):
+    """TP=2 (replicated head, vocab-free), PP=2 (values from the last stage, broadcast) and DP=2 (each rank its share of
+    the rows, gradients summed by megatron's DDP, distributed optimizer) give the single-rank critic's numbers."""
+    res1 = single[1]
+    ranks = [torch.load(parallel / f"critic_{layout}_rank{r}.pt") for r in (0, 1)]
+    mask = workers.fixed_batch().loss_mask.bool()
+    for got in ranks:  # every rank answers (values broadcast from the last stage, metrics summed over DP)
+        for r in (0, 1):
+            assert (got["values"][r][mask] - res1["values"][r][mask]).abs().max() < 1e-5, (layout, r)
+            for k, v in res1["metrics"][r].items():
+                if k.startswith("train/value"):
+                    assert got["metrics"][r][k] == pytest.approx(v, rel=1e-4, abs=1e-6), (layout, r, k)
+
+
+def test_critic_checkpoint_resume_is_bit_exact(setup, single):
+    """Saved with the policy in <ckpt>/megatron/ (keys under critic.): a fresh backend (random weights) loads it and its
+    values and next rollout's value metrics are the uninterrupted run's, bit for bit (weights, Adam moments, step
+    counters came back)."""
+    cfg, _, hf = setup
+    out, full = single
+    got = workers.critic_resume(cfg, hf, {}, str(out / "tp1_ckpt"))
+    assert torch.equal(got["loaded"], full["values"][1])
+    assert got["metrics"] == full["metrics"][1]
+    assert torch.equal(got["after"], full["values"][2])
+    assert got["counters"] == {"critic_steps_done": 2, "rollouts_trained": 2, "steps_done": 2}
