@@ -54,12 +54,14 @@ def test_first_ppo_steps_equal_the_torch_critics(setup, single):
     got = single[1]
     assert torch.equal(got["values"][0], torch.zeros_like(got["values"][0])) and torch.equal(want["values"][0], got["values"][0])
     mask = workers.fixed_batch().loss_mask.bool()
-    # fp32 both sides, values of order 1e-2..1: summation orders differ (megatron's fused qkv / TP shards vs HF's)
-    assert (got["values"][1][mask] - want["values"][1][mask]).abs().max() < 1e-5
-    assert got["values"][1][mask].abs().max() > 1e-3  # the critic moved
-    for r in (0, 1):
+    # fp32 both sides, values up to ~2 after rollout 2 (fp32 spacing there 2.4e-7): only summation orders differ
+    # (megatron's fused qkv vs HF's projections); measured 0 after rollout 1 and 2.9e-6 after rollout 2
+    for r in (1, 2):
+        assert (got["values"][r][mask] - want["values"][r][mask]).abs().max() < 1e-5, r
+    assert got["values"][1][mask].abs().max() > 0.1  # the critic moved
+    for r in (0, 1):  # measured within 2e-8 relative (value_grad_norm 4.4201769 vs 4.4201770)
         for k in ("train/value_loss", "train/value_clipfrac", "train/values_mean", "train/value_grad_norm"):
-            assert got["metrics"][r][k] == pytest.approx(want["metrics"][r][k], rel=1e-4, abs=1e-6), (r, k)
+            assert got["metrics"][r][k] == pytest.approx(want["metrics"][r][k], rel=1e-5, abs=1e-7), (r, k)
     m1, m2 = got["metrics"]
     # rollout 1, by hand: values 0, returns G = reward R of the row on its mask ((1, 0, 1, 0.5): workers.PPO_RETURNS)
     # -> 0.5 · sum over rows of mean_t G² / 4 rows (sample_token_mean, the default) = 0.5 · (1 + 0 + 1 + 0.25) / 4
