@@ -183,7 +183,7 @@ def critic_run(cfg, hf, parallel, out_dir: str, tag: str) -> dict:
     b = megatron_backend(hf.state_dict(), hf.config, cfg.model, par, cfg.algorithm, cfg.train, 1.0, 10,
                          torch.device("cpu"), seed=cfg.seed, max_response_len=8)
     b.freeze_reference()
-    return critic_steps(b, os.path.join(out_dir, f"{tag}_ckpt"))
+    return critic_steps(b, None if out_dir is None else os.path.join(out_dir, f"{tag}_ckpt"))
 
 
 def critic_resume(cfg, hf, parallel, ckpt_dir: str) -> dict:

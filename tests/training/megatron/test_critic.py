@@ -84,6 +84,25 @@ def test_parallel_layouts_equal_the_single_rank_critic(single, parallel, layout)
                     assert got["metrics"][r][k] == pytest.approx(v, rel=1e-4, abs=1e-6), (layout, r, k)
 
 
+def test_packed_token_budget_critic_equals_padded_micro_batches(setup, single):
+    """train.qkv_format=thd with a token budget of 25 real tokens (rows of 14, 14, 14, 11 tokens: 3 micro-batches of
+    packed rows, [0] [1] [2, 3] or as the budget bins them) gives the padded micro-batches of 1 row: the critic reads
+    the backend's micro-batch and packing helpers (values from the packed [1, S, 1] output, unpacked per row)."""
+    import dataclasses
+
+    cfg, _, hf = setup
+    train = dataclasses.replace(cfg.train, qkv_format="thd", use_dynamic_batch_size=True, max_tokens_per_gpu=25)
+    got = workers.critic_run(dataclasses.replace(cfg, train=train), hf, {}, None, "thd")
+    want = single[1]
+    mask = workers.fixed_batch().loss_mask.bool()
+    for r in (1, 2):  # per-sample attention in one stream vs padded rows: summation order only
+        assert (got["values"][r][mask] - want["values"][r][mask]).abs().max() < 1e-5, r
+    for r in (0, 1):
+        for k, v in want["metrics"][r].items():
+            if k.startswith("train/value"):
+                assert got["metrics"][r][k] == pytest.approx(v, rel=1e-5, abs=1e-7), (r, k)
+
+
 def test_critic_checkpoint_resume_is_bit_exact(setup, single):
     """Saved with the policy in <ckpt>/megatron/ (keys under critic.): a fresh backend (random weights) loads it and its
     values and next rollout's value metrics are the uninterrupted run's, bit for bit (weights, Adam moments, step
