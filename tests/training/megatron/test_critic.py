@@ -116,7 +116,7 @@ def test_critic_checkpoint_resume_is_bit_exact(setup, single):
     assert got["counters"] == {"critic_steps_done": 2, "rollouts_trained": 2, "steps_done": 2}
 
 
-@pytest.mark.slow  # ~TIME on this shared 2-core VM
+# 99 s on this shared 2-core VM (the 40 rollouts ~0.9 s each, SFT warm start, 3 evals): under 2 min, the default tier
 def test_cli_ppo_run_with_megatron_backend_raises_accuracy(tmp_path):
     """The embedded default (SFT warm start) with algorithm=ppo and train=megatron through the CLI: the critic (values 0 at
     first, then learnt) drives GAE, and held-out accuracy rises over 40 rollouts on CPU."""
@@ -135,6 +135,17 @@ def test_cli_ppo_run_with_megatron_backend_raises_accuracy(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     acc = summary["eval/addition/accuracy"]
-    # measured here (CPU, seed 1234): MEASURED
-    assert acc["count"] == 3 and acc["last"] >= acc["first"] + 0.05, acc
+    # measured here (CPU, seed 1234): held-out accuracy 0.59 -> 0.815, rollout/reward_mean 0.42 -> 0.50 (max 0.64),
+    # train/value_loss 0.211 -> 0.124, train/values_mean 0 -> 0.55; the torch backend's e2e test asks +0.1 too
+    assert acc["count"] == 3 and acc["last"] >= acc["first"] + 0.1, acc
     assert summary["train/value_loss"]["last"] < summary["train/value_loss"]["first"], summary["train/value_loss"]
+
+
+def test_ppo_with_megatron_validates_in_every_layout():
+    """algorithm=ppo is no longer refused with train=megatron: one process, and Ray ranks as TP=2, PP=2 or DP=2."""
+    from slime_hydra.app.preflight import compose_run
+
+    assert compose_run(["train=megatron", "algorithm=ppo"]).algorithm.advantage_estimator == "ppo"
+    ray = ["train=megatron", "algorithm=ppo", "cluster.backend=ray", "cluster.actor_num_gpus_per_node=2"]
+    for layout in (["parallelism.tensor_model_parallel_size=2"], ["parallelism.pipeline_model_parallel_size=2"], []):
+        assert compose_run(ray + layout).train.backend == "megatron"
