@@ -85,8 +85,8 @@ def test_parallel_layouts_equal_the_single_rank_critic(single, parallel, layout)
 
 
 def test_packed_token_budget_critic_equals_padded_micro_batches(setup, single):
-    """train.qkv_format=thd with a token budget of 25 real tokens (rows of 14, 14, 14, 11 tokens: 3 micro-batches of
-    packed rows, [0] [1] [2, 3] or as the budget bins them) gives the padded micro-batches of 1 row: the critic reads
+    """train.qkv_format=thd with a token budget of 25 real tokens (rows of 14, 14, 14, 11 tokens: 53 in 3 packed
+    micro-batches, one of two rows) gives the padded micro-batches of 1 row: the critic reads
     the backend's micro-batch and packing helpers (values from the packed [1, S, 1] output, unpacked per row)."""
     import dataclasses
 
