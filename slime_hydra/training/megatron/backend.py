@@ -434,7 +434,8 @@ class MegatronTrainBackend:
         """Nothing: load_checkpoint reads it all."""
 
     def save_checkpoint(self, path: str) -> None:
-        """Collective: model, optimizer and KL reference into `<path>/megatron` (dist_checkpointing, atomic)."""
+        """Collective: model, optimizer, KL reference and ppo's critic (model, optimizer) into `<path>/megatron`
+        (dist_checkpointing, atomic); the step and rollout counters in its common part."""
         from slime_hydra.training.megatron import checkpoint
 
         c = self.critic

@@ -149,3 +149,17 @@ def test_ppo_with_megatron_validates_in_every_layout():
     ray = ["train=megatron", "algorithm=ppo", "cluster.backend=ray", "cluster.actor_num_gpus_per_node=2"]
     for layout in (["parallelism.tensor_model_parallel_size=2"], ["parallelism.pipeline_model_parallel_size=2"], []):
         assert compose_run(ray + layout).train.backend == "megatron"
+
+
+def test_bf16_critic_with_the_distributed_optimizer_resumes_bit_exact(tmp_path):
+    """model.dtype=bfloat16 (fp32 main params and moments) with the distributed optimizer, whose checkpoint keys name no
+    model (`optimizer.distributed.dp_group_idx_0...`): the critic's are stored under `critic.` beside the policy's, and
+    a resume gives the uninterrupted run's values and next rollout bit for bit."""
+    shim.install()
+    cfg, _, hf = workers.tiny_setup([*workers.PPO, "model.dtype=bfloat16"])
+    par = {"use_distributed_optimizer": True}
+    full = workers.critic_run(cfg, hf, par, str(tmp_path), "bf16")
+    got = workers.critic_resume(cfg, hf, par, str(tmp_path / "bf16_ckpt"))
+    assert full["values"][1].abs().max() > 0.1  # the critic moved
+    assert torch.equal(got["loaded"], full["values"][1]) and torch.equal(got["after"], full["values"][2])
+    assert got["metrics"] == full["metrics"][1]
