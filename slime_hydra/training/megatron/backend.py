@@ -247,6 +247,9 @@ class MegatronTrainBackend:
         if self.rollouts_trained >= self.critic_only_steps:
             metrics |= self._train_policy(batch)
         self.rollouts_trained += 1
+        interval = self.loss.ref_update_interval
+        if interval and self.ref is not None and self.rollouts_trained % interval == 0:
+            self.ref.load_state_dict(self.gpt.state_dict())  # slime's --ref-update-interval, as the torch backend
         return metrics
 
     def _train_policy(self, batch: TrainBatch) -> dict[str, float]:

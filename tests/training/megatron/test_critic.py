@@ -163,3 +163,24 @@ def test_bf16_critic_with_the_distributed_optimizer_resumes_bit_exact(tmp_path):
     assert full["values"][1].abs().max() > 0.1  # the critic moved
     assert torch.equal(got["loaded"], full["values"][1]) and torch.equal(got["after"], full["values"][2])
     assert got["metrics"] == full["metrics"][1]
+
+
+def test_ref_update_interval_refreshes_the_reference(setup):
+    """The rollout counter the critic-only steps read also drives algorithm.ref_update_interval (as the torch backend):
+    with 2, the KL reference keeps its weights after rollout 1 and takes the policy's after rollout 2."""
+    from tests.support.trainers import megatron_backend
+
+    cfg = workers.tiny_setup(["algorithm.use_kl_loss=true", "algorithm.kl_loss_coef=0.1", "algorithm.ref_update_interval=2"])[0]
+    hf = setup[2]
+    b = megatron_backend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, cfg.algorithm, cfg.train, 1.0, 10,
+                         torch.device("cpu"), seed=cfg.seed, max_response_len=8)
+    b.freeze_reference()
+
+    def flat(m):
+        return torch.cat([p.detach().flatten().clone() for p in m.parameters()])
+
+    ref0 = flat(b.ref)
+    b.train_rollout(workers.fixed_batch())
+    assert torch.equal(flat(b.ref), ref0) and not torch.equal(flat(b.gpt), ref0)
+    b.train_rollout(workers.fixed_batch())
+    assert torch.equal(flat(b.ref), flat(b.gpt))
