@@ -129,7 +129,10 @@ def test_cli_ppo_run_with_megatron_backend_raises_accuracy(tmp_path):
 
     args = ["train=megatron", "algorithm=ppo", "logger=none", "logger.progress_bar=false", "num_rollout=40",
             "eval.eval_interval=20", f"hydra.run.dir={tmp_path}/run"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+    # without this process's MASTER_PORT (set by init_parallel for the in-process backends above and still bound by
+    # their store): the CLI's own process group would try to listen on it
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    env |= {"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "tests.support.megatron_cpu.cli", *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
