@@ -35,7 +35,7 @@ def build_trainer(cfg: RunConfig, s: AlgorithmSpecs, model: torch.nn.Module, dev
 
         return MegatronTrainBackend(model.state_dict(), model.config, cfg.model, cfg.parallelism, s.loss, s.optim, s.batch,
                                     cfg.train.megatron, cfg.rollout.rollout_temperature, device, seed=cfg.seed,
-                                    distributed_timeout_s=cfg.cluster.distributed_timeout_s)
+                                    distributed_timeout_s=cfg.cluster.distributed_timeout_s, critic=s.critic)
     return TorchTrainBackend(model, s.loss, s.optim, s.batch, cfg.rollout.rollout_temperature, device, critic=s.critic,
                              model_impl=cfg.model.model_impl)
 

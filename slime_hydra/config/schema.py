@@ -341,7 +341,7 @@ class TrainConfig:
     log_probs_max_tokens_per_gpu: Optional[int] = None  # the forward-only passes' (log-probs, reference, values); None: max_tokens_per_gpu
     # megatron's --qkv-format: bshd runs a micro-batch as rows padded to its longest sample; thd packs its samples into one
     # token stream without padding (position ids restart per sample, attention stays inside each: training/thd.py), and
-    # the token budget then counts real tokens. Every pass: policy, reference, log-probs, the ppo critic (torch);
+    # the token budget then counts real tokens. Every pass: policy, reference, log-probs, the ppo critic;
     # model.model_impl=native packs the policy whatever this says. train.backend=megatron: thd with TP/DP only
     # (config/validate_microbatch.py)
     qkv_format: str = "bshd"

@@ -62,9 +62,6 @@ def check_ppo(cfg: RunConfig, problems: list[str]) -> None:
             problems.append(f"algorithm.num_critic_only_steps={a.num_critic_only_steps} needs a critic: set "
                             "algorithm=ppo, or algorithm.num_critic_only_steps=0")
         return
-    if t.backend != "torch":
-        problems.append(f"algorithm.advantage_estimator=ppo needs a critic, which train.backend={t.backend} does not have; "
-                        "set train.backend=torch, or pick another algorithm=")
     if a.custom_advantage:
         problems.append("algorithm.custom_advantage would replace ppo's GAE and leave its critic without returns; use "
                         "algorithm.advantage_estimator=grpo (or another) with algorithm.custom_advantage, or drop it")

@@ -1,7 +1,7 @@
 """What `cluster.backend=ray` can drive today, checked at validation (before Ray, data or models start).
 
-The Ray builder (app/build_ray.py) places torch train ranks (PPO's critic too) or megatron train ranks
-(orchestration/megatron_group.py), and either `local` engines behind a rollout manager actor or SGLang engines
+The Ray builder (app/build_ray.py) places torch train ranks or megatron train ranks (orchestration/megatron_group.py),
+PPO's critic inside either, and either `local` engines behind a rollout manager actor or SGLang engines
 whose servers Ray actors own (orchestration/sglang_engines.py) on the driver's node; any train backend with either
 rollout backend (tests/orchestration/test_megatron_sglang.py runs megatron ranks with SGLang engines). Weights reach the
 SGLang engines from the train ranks (orchestration/rank_weights.py): handles to their tensors when colocated, and over

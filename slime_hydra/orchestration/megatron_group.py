@@ -17,8 +17,10 @@ every rank (save_checkpoint / load_checkpoint: nothing of the trainer in state.p
 With PP=1 the SGLang engines get the weights from the ranks instead (orchestration/rank_weights.py): colocated ones
 as CUDA IPC handles of the ranks' own tensors on their GPUs, disaggregated ones over update groups the ranks open (NCCL
 on GPUs, gloo on CPU; engine e fed by rank e % ranks). Every wait has the deadline `cluster.ray_call_timeout_s`
-(orchestration/calls.py). Left out here: the critic (PPO), and per-stage senders for PP>1 (each stage's lead rank
-would join the engine's update group; with PP>1 the driver sends, refused on GPUs at validation).
+(orchestration/calls.py). PPO's critic lives in the ranks beside the policy (training/megatron/critic.py): `values` and
+the critic's steps inside `train_rollout` are collectives like the rest, its gradients summed over DP by megatron's DDP.
+Left out here: per-stage senders for PP>1 (each stage's lead rank would join the engine's update group; with PP>1 the
+driver sends, refused on GPUs at validation).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ class MegatronRank(RankStage):
         net = build_model(model, build_tokenizer(model), seed)  # the HF weights the single-process build converts
         self.trainer = MegatronTrainBackend(net.state_dict(), net.config, model, parallel, specs.loss, specs.optim, specs.batch,
                                             megatron, temperature, self.device, seed=seed,
-                                            distributed_timeout_s=distributed_timeout_s)
+                                            distributed_timeout_s=distributed_timeout_s, critic=specs.critic)
 
     def call(self, name: str, *args: Any) -> Any:
         """A collective of the call that times out (gloo; NCCL ends the process, see training/distributed.py) reaches
@@ -149,8 +151,8 @@ class MegatronTrainGroup:
         return WeightsRef(refs[0][0], self.calls)
 
     def values(self, batch: TrainBatch) -> torch.Tensor:
-        raise RuntimeError("values() needs a critic: algorithm.advantage_estimator=ppo is refused with train.backend=megatron "
-                           "under cluster.backend=ray at validation")
+        """ppo: the critic's values (a collective: the critic is a megatron model of the ranks' layout)."""
+        return self._all("values", "values", ray.put(batch))
 
     def save_hf(self, path: str, tokenizer) -> None:
         self._all("checkpoint (save_hf)", "save_hf", path, tokenizer)

@@ -56,14 +56,15 @@ def run(tmp: Path, name: str, args: list[str]) -> list[tuple[int, dict[str, floa
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
-    """The single-process megatron run (TP=PP=DP=1) of a train_mode, run once when a test first asks for it."""
+    """The single-process megatron run (TP=PP=DP=1) of a train_mode (+ extra overrides), run once when a test first asks."""
     shim.install()
     tmp, runs = tmp_path_factory.mktemp("local"), {}
 
-    def get(mode: str):
-        if mode not in runs:
-            runs[mode] = run(tmp, mode, COMMON + [f"train_mode={mode}"])
-        return runs[mode]
+    def get(mode: str, extra: list[str] = ()):
+        key = " ".join([mode, *extra])
+        if key not in runs:
+            runs[key] = run(tmp, f"{mode}{len(runs)}", COMMON + [f"train_mode={mode}", *extra])
+        return runs[key]
     return get
 
 
@@ -165,3 +166,19 @@ def test_a_megatron_collective_past_its_deadline_names_the_call_the_rank_and_the
         assert time.monotonic() - t0 < 60
     finally:
         remove_placement_group(pg)
+
+
+# ppo: rewards that differ within a group from the first rollout on, so returns, values and the value loss are not 0
+PPO = ["algorithm=ppo", "train.critic_lr=1e-2", "+reward.custom_rm._target_=tests.support.plugins.digit_reward"]
+
+
+def test_ray_megatron_ppo_matches_single_process(ray_cluster, local, tmp_path):
+    """PPO on 2 megatron ranks (TP=2): the critic lives in the ranks (training/megatron/critic.py), `values` and the
+    critic's steps are collectives of both; its train/value_* metrics and the policy's equal the single-process run's at
+    both rollouts. Rollout 2's advantages come from the values the critic learnt in rollout 1, so they cross the group."""
+    got = run(tmp_path, "ray", COMMON + ["train_mode=sync", *PPO, *RAY, *LAYOUTS["tp2"]])
+    want = local("sync", PPO)
+    assert_same_run(got, want, "tp2 ppo vs single process")
+    for step, m in want:
+        assert m["train/value_loss"] > 0 and m["train/value_grad_norm"] > 0, step
+    assert want[1][1]["train/values_mean"] != 0  # rollout 2: the critic's values moved off the zero head's

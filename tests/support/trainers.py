@@ -30,7 +30,7 @@ def megatron_backend(hf_weights, hf_config, model, parallel, algorithm: Algorith
 
     s = algorithm_specs(algorithm, train, total_steps, max_response_len)
     return MegatronTrainBackend(hf_weights, hf_config, model, parallel, s.loss, s.optim, s.batch, train.megatron, temperature,
-                                device, **kw)
+                                device, critic=s.critic, **kw)
 
 
 def algo_advantages(samples, algorithm: AlgorithmConfig, group_size: int, pad_id: int, trainer):

@@ -13,6 +13,9 @@ log-probs return to the padded layout before the same loss.
 Checkpoints: `save_checkpoint` / `load_checkpoint` write and read megatron's distributed format
 (checkpoint.py; any TP/PP layout); the engine's save/load go through them (TrainBackend.save_checkpoint:
 `<ckpt>/megatron/` beside the HF weights; state_dict is None: nothing of the trainer in state.pt).
+Given a CriticSpec (ppo) the backend owns a critic (critic.py: a second GPT of this layout with a value head, its own
+optimizer, saved with the policy in `<ckpt>/megatron/`), trained on every rollout before the policy; the policy sits
+out its first num_critic_only_steps rollouts.
 Left out: context parallelism (the SDPA core attention is single-rank along the sequence) and
 expert parallelism (convert.py).
 """
@@ -38,6 +41,7 @@ from slime_hydra.config.schema import MegatronConfig, ModelConfig, ParallelismCo
 from slime_hydra.protocols import TrainBatch
 from slime_hydra.training.base import shaping_kl
 from slime_hydra.training.megatron import convert
+from slime_hydra.training.megatron.critic import MegatronCritic
 from slime_hydra.training.megatron.logprobs import vocab_parallel_logprobs
 from slime_hydra.training.megatron.model import DTYPES, build_gpt, padded_vocab_size, transformer_config
 from slime_hydra.training.megatron.parallel import init_parallel
@@ -45,18 +49,19 @@ from slime_hydra.training.microbatch import micro_batch_indices
 from slime_hydra.training.optim import adam_flags
 from slime_hydra.training.policy_loss import old_log_probs, policy_loss
 from slime_hydra.training.schedule import lr_multiplier
-from slime_hydra.training.specs import BatchSpec, LossSpec, OptimSpec
+from slime_hydra.training.specs import BatchSpec, CriticSpec, LossSpec, OptimSpec
 from slime_hydra.training.thd import Packed, pack, unpack
 
 
 class MegatronTrainBackend:
     def __init__(self, hf_weights, hf_config, model: ModelConfig, parallel: ParallelismConfig, loss: LossSpec,
                  optim: OptimSpec, batch: BatchSpec, megatron: MegatronConfig, temperature: float, device: torch.device,
-                 seed: int = 1234, sdpa: bool = True, distributed_timeout_s: float = 1800.0):
+                 seed: int = 1234, sdpa: bool = True, distributed_timeout_s: float = 1800.0, critic: Optional[CriticSpec] = None):
         """hf_weights: HF name -> tensor (a state dict or convert.SafetensorsDir); hf_config: its transformers config.
         model and parallel describe the GPT and its layout (read whole by model.py, convert.py and parallel.py);
         megatron (train.megatron) holds this backend's own settings (compile_layers, grad_reduce_in_fp32,
-        log_probs_chunk_size, compile_log_probs); optim.adam_impl picks torch's AdamW under megatron's optimizer."""
+        log_probs_chunk_size, compile_log_probs); optim.adam_impl picks torch's AdamW under megatron's optimizer;
+        critic (ppo): the value model's spec (critic.py)."""
         problems = convert.check_convertible(model)
         if problems:
             raise ValueError(problems[0])
@@ -75,17 +80,17 @@ class MegatronTrainBackend:
             self._load(gpt, hf_weights)
         self.gpt = gpt
         self.config.finalize_model_grads_func = lambda chunks, num_tokens=None, **kw: finalize_model_grads(chunks, None, **kw)
-        self.ddp = DistributedDataParallel(self.config, DistributedDataParallelConfig(
-            grad_reduce_in_fp32=megatron.grad_reduce_in_fp32, use_distributed_optimizer=parallel.use_distributed_optimizer),
-            module=gpt)
-        if megatron.compile_layers:
-            for layer in gpt.decoder.layers:
-                layer.compile()
+        self.ddp = self._wrap(gpt)
         self.optimizer = self._optimizer(optim.lr, optim.weight_decay)
         self.lr_at = lr_multiplier(optim.lr_decay_style, optim.lr_warmup_iters, optim.total_steps, optim.lr, optim.min_lr)
         self.steps_done = 0
         self.ref: Optional[torch.nn.Module] = None
         self._sft_optimizer = None
+        # ppo: the critic, a second GPT of this layout (critic.py), trained on every rollout; the policy sits out the
+        # first num_critic_only_steps rollouts
+        self.critic = MegatronCritic(self, critic, loss) if critic is not None else None
+        self.critic_only_steps = critic.num_critic_only_steps if critic is not None else 0
+        self.rollouts_trained = 0
 
     # -- construction ------------------------------------------------------------------------
     def _new_gpt(self) -> torch.nn.Module:
@@ -110,25 +115,39 @@ class MegatronTrainBackend:
             for k, t in shard.items():
                 own[k].copy_(t.to(own[k].dtype))
 
-    def _optimizer(self, lr: float, weight_decay: float, betas: Optional[tuple[float, float]] = None, eps: Optional[float] = None):
+    def _wrap(self, gpt: torch.nn.Module) -> DistributedDataParallel:
+        """megatron's DDP around `gpt` (gradients summed over DP into its buffers), its layers compiled if asked."""
+        ddp = DistributedDataParallel(self.config, DistributedDataParallelConfig(
+            grad_reduce_in_fp32=self.mg.grad_reduce_in_fp32, use_distributed_optimizer=self.pcfg.use_distributed_optimizer),
+            module=gpt)
+        if self.mg.compile_layers:
+            for layer in gpt.decoder.layers:
+                layer.compile()
+        return ddp
+
+    def _optimizer(self, lr: float, weight_decay: float, betas: Optional[tuple[float, float]] = None, eps: Optional[float] = None,
+                   optim: Optional[OptimSpec] = None, ddp: Optional[DistributedDataParallel] = None):
+        """megatron's optimizer over `ddp` (default: the policy's) with `optim`'s Adam settings (default: the policy's)."""
         dtype = DTYPES[self.mcfg.dtype]
-        c = self.optim
+        c = optim or self.optim
         b1, b2 = betas or (c.adam_beta1, c.adam_beta2)
         oc = OptimizerConfig(optimizer="adam", lr=lr, min_lr=c.min_lr, weight_decay=weight_decay, adam_beta1=b1,
                              adam_beta2=b2, adam_eps=c.adam_eps if eps is None else eps, clip_grad=c.clip_grad if c.clip_grad > 0 else 0.0,
                              bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype,
                              use_distributed_optimizer=self.pcfg.use_distributed_optimizer)
-        optimizer = get_megatron_optimizer(oc, [self.ddp])
+        optimizer = get_megatron_optimizer(oc, [ddp or self.ddp])
         for opt in getattr(optimizer, "chained_optimizers", [optimizer]):  # read by torch's AdamW at each step
             for g in opt.optimizer.param_groups:
                 g.update(adam_flags(c.adam_impl))
         return optimizer
 
     def freeze_reference(self) -> None:
-        """Snapshot the current weights as the KL reference (after any warm start)."""
+        """After any warm start: snapshot the KL reference, and start the critic from the policy's body."""
         if self.loss.keep_reference:
             self.ref = self._new_gpt().eval().requires_grad_(False)
             self.ref.load_state_dict(self.gpt.state_dict())
+        if self.critic is not None:
+            self.critic.reset_from(self.gpt)
 
     # -- forward -----------------------------------------------------------------------------
     def _pad_len(self, t: int) -> int:
@@ -224,6 +243,16 @@ class MegatronTrainBackend:
 
     # -- RL ----------------------------------------------------------------------------------
     def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
+        metrics = self.critic.train_rollout(batch) if self.critic is not None else {}
+        if self.rollouts_trained >= self.critic_only_steps:
+            metrics |= self._train_policy(batch)
+        self.rollouts_trained += 1
+        interval = self.loss.ref_update_interval
+        if interval and self.ref is not None and self.rollouts_trained % interval == 0:
+            self.ref.load_state_dict(self.gpt.state_dict())  # slime's --ref-update-interval, as the torch backend
+        return metrics
+
+    def _train_policy(self, batch: TrainBatch) -> dict[str, float]:
         steps = self.batch.num_steps_per_rollout
         gbs = batch.num_samples // steps
         old_later = None
@@ -395,8 +424,10 @@ class MegatronTrainBackend:
             dist.barrier()
 
     def values(self, batch: TrainBatch) -> torch.Tensor:
-        raise NotImplementedError("train.backend=megatron has no critic (algorithm.advantage_estimator=ppo); "
-                                  "set train.backend=torch")
+        """Collective: [N, T] the critic's values on the loss mask, on every rank."""
+        if self.critic is None:
+            raise RuntimeError("values() needs the critic (a CriticSpec: algorithm.advantage_estimator=ppo)")
+        return self.critic.values(batch)
 
     def state_dict(self) -> None:
         """None: the whole resume state is save_checkpoint's `<ckpt>/megatron/` (nothing of the trainer in state.pt)."""
@@ -406,10 +437,17 @@ class MegatronTrainBackend:
         """Nothing: load_checkpoint reads it all."""
 
     def save_checkpoint(self, path: str) -> None:
-        """Collective: model, optimizer and KL reference into `<path>/megatron` (dist_checkpointing, atomic)."""
+        """Collective: model, optimizer, KL reference and ppo's critic (model, optimizer) into `<path>/megatron`
+        (dist_checkpointing, atomic); the step and rollout counters in its common part."""
         from slime_hydra.training.megatron import checkpoint
 
-        checkpoint.save(path, self.gpt, self.optimizer, self.ref, {"steps_done": self.steps_done})
+        c = self.critic
+        checkpoint.save(path, self.gpt, self.optimizer, self.ref, self._counters(),
+                        critic=None if c is None else (c.gpt, c.optimizer))
+
+    def _counters(self) -> dict:
+        out = {"steps_done": self.steps_done, "rollouts_trained": self.rollouts_trained}
+        return out | ({"critic_steps_done": self.critic.steps_done} if self.critic is not None else {})
 
     def load_checkpoint(self, path: str) -> None:
         """Collective: the inverse of save_checkpoint, into this run's layout (TP/PP may differ from the writer's, and with the
@@ -418,4 +456,9 @@ class MegatronTrainBackend:
 
         if self.ref is None and self.loss.keep_reference:
             self.ref = self._new_gpt().eval().requires_grad_(False)
-        self.steps_done = checkpoint.load(path, self.gpt, self.optimizer, self.ref)["steps_done"]
+        c = self.critic
+        extra = checkpoint.load(path, self.gpt, self.optimizer, self.ref, critic=None if c is None else (c.gpt, c.optimizer))
+        self.steps_done = extra["steps_done"]
+        self.rollouts_trained = extra.get("rollouts_trained", 0)
+        if c is not None:
+            c.steps_done = extra["critic_steps_done"]

@@ -11,7 +11,8 @@ megatron-core 0.16.1's step handling with torch's Adam; its fully_reshardable fo
 with torch's Adam (KeyError 'step', distrib_optimizer.py:940). A checkpoint loads only into the
 optimizer kind that wrote it (distributed or not: different keys); check_loadable says so, naming
 parallelism.use_distributed_optimizer, before anything is read. Scalars (optimizer step counts, the
-backend's own counters, the optimizer layout) go into the common part. bf16 / fp16 models: the optimizer's fp32
+backend's own counters, the optimizer layout) go into the common part. PPO's critic (model and optimizer) is saved
+with them, its keys prefixed `critic.`. bf16 / fp16 models: the optimizer's fp32
 main params and Adam moments are saved beside the model's bf16 weights (resumes are bit-exact, tests/training/megatron/test_backend.py),
 which needs every model parameter in the model dtype (model.cast_parameters). Left out: asynchronous saving (megatron's
 async_sharded_save) and any lookahead for a shared filesystem's consistency: ranks of one job are
@@ -27,17 +28,41 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace
+from megatron.core.dist_checkpointing.mapping import ShardedBase
 
 DIRNAME = "megatron"
 _OPT_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
-def _sharded(model, optimizer, ref, is_loading: bool) -> dict:
+def _sharded(model, optimizer, ref, is_loading: bool, critic=None) -> dict:
     sd = {"model": model.sharded_state_dict()}
     sd["optimizer"] = optimizer.sharded_state_dict(sd["model"], is_loading=is_loading, metadata=_OPT_METADATA)
     if ref is not None:  # the KL reference: same layout as the policy, its own key prefix
         sd["ref_model"] = ref.sharded_state_dict(prefix="ref_model.")
+    if critic is not None:  # ppo's value model and its optimizer: the same two parts under "critic."
+        c_model, c_opt = critic
+        part = {"model": c_model.sharded_state_dict()}
+        part["optimizer"] = c_opt.sharded_state_dict(part["model"], is_loading=is_loading, metadata=_OPT_METADATA)
+        sd["critic"] = _prefixed(part, CRITIC_PREFIX)
     return sd
+
+
+CRITIC_PREFIX = "critic."
+
+
+def _prefixed(sd: dict, prefix: str) -> dict:
+    """Every sharded entry's checkpoint key with `prefix`: the distributed optimizer names its buckets without the model's
+    prefix (`optimizer.distributed.dp_group_idx_0...`), so the critic's optimizer would collide with the policy's."""
+    seen: set[int] = set()
+
+    def add(v):
+        if isinstance(v, ShardedBase) and id(v) not in seen:
+            seen.add(id(v))
+            v.key = prefix + v.key
+        return v
+
+    return dict_list_map_inplace(add, sd)
 
 
 def _barrier() -> None:
@@ -45,8 +70,8 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def save(path: str | Path, model, optimizer, ref=None, extra: dict | None = None) -> Path:
-    """Collective: every rank calls it with its own shards. Returns `<path>/megatron`."""
+def save(path: str | Path, model, optimizer, ref=None, extra: dict | None = None, critic=None) -> Path:
+    """Collective: every rank calls it with its own shards (critic: ppo's (model, optimizer)). Returns `<path>/megatron`."""
     root = Path(path)
     final, tmp = root / DIRNAME, root / f".{DIRNAME}.partial"
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
@@ -54,7 +79,7 @@ def save(path: str | Path, model, optimizer, ref=None, extra: dict | None = None
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     _barrier()
-    sd = _sharded(model, optimizer, ref, is_loading=False)
+    sd = _sharded(model, optimizer, ref, is_loading=False, critic=critic)
     sd["extra"] = dict(extra or {})
     sd["optimizer_layout"] = _optimizer_layout(optimizer)
     dist_checkpointing.save(sd, str(tmp), content_metadata=_OPT_METADATA)
@@ -135,17 +160,22 @@ def check_loadable(ckpt: Path, optimizer) -> None:
         raise ConfigError([problem])
 
 
-def load(path: str | Path, model, optimizer, ref=None) -> dict:
-    """Collective: fills model, optimizer (and ref) in place from `<path>/megatron`; returns `extra`."""
+def load(path: str | Path, model, optimizer, ref=None, critic=None) -> dict:
+    """Collective: fills model, optimizer (ref, and the critic's (model, optimizer)) in place from `<path>/megatron`;
+    returns `extra`."""
     ckpt = Path(path) / DIRNAME
     check_loadable(ckpt, optimizer)
-    _init_distributed_optimizer_state(optimizer)
-    sd = _sharded(model, optimizer, ref, is_loading=True)  # `extra` comes from the checkpoint's common part
+    pairs = [(model, optimizer)] + ([critic] if critic is not None else [])
+    for _, opt in pairs:
+        _init_distributed_optimizer_state(opt)
+    sd = _sharded(model, optimizer, ref, is_loading=True, critic=critic)  # `extra` comes from the checkpoint's common part
     state = dist_checkpointing.load(sd, str(ckpt))
-    model.load_state_dict(state["model"])
-    with torch.no_grad():  # the distributed optimizer copies into its main params, leaves that require grad
-        optimizer.load_state_dict(state["optimizer"])
-        _restore_adam_steps(optimizer)
+    parts = [state] + ([state["critic"]] if critic is not None else [])
+    for (m, opt), part in zip(pairs, parts):
+        m.load_state_dict(part["model"])
+        with torch.no_grad():  # the distributed optimizer copies into its main params, leaves that require grad
+            opt.load_state_dict(part["optimizer"])
+            _restore_adam_steps(opt)
     if ref is not None:
         ref.load_state_dict({k.removeprefix("ref_model."): v for k, v in state["ref_model"].items()})
     return state.get("extra") or {}

@@ -151,3 +151,65 @@ def uneven_batch():
     batch.loss_mask[1, 9:] = 0
     batch.advantages = batch.advantages * batch.loss_mask
     return batch
+
+
+# -- PPO's critic (tests/training/megatron/test_critic.py) ----------------------------------------------------------------
+PPO = ["algorithm=ppo", "train.num_steps_per_rollout=1", "train.critic_lr=1e-2"]  # 1 step of 4 rows, 4 micro-batches
+PPO_RETURNS = torch.tensor([1.0, 0.0, 1.0, 0.5])  # per row: the critic's target G on every mask position
+
+
+def critic_steps(b, ckpt: str | None = None) -> dict:
+    """values -> train_rollout -> values, twice, on fixed_batch with returns PPO_RETURNS (the old values: the critic's);
+    `ckpt`: a megatron checkpoint written after the first rollout."""
+    batch = fixed_batch()
+    batch.returns = PPO_RETURNS[:, None] * batch.loss_mask
+    values, metrics = [b.values(batch)], []
+    for r in range(2):
+        batch.values = values[-1]
+        metrics.append(b.train_rollout(batch))
+        if r == 0 and ckpt is not None:
+            b.save_checkpoint(ckpt)
+        values.append(b.values(batch))
+    return {"values": values, "metrics": metrics}
+
+
+def critic_run(cfg, hf, parallel, out_dir: str, tag: str) -> dict:
+    """A PPO megatron backend (reference frozen: the critic copied from the policy) through critic_steps."""
+    import dataclasses
+
+    from tests.support.trainers import megatron_backend
+
+    par = dataclasses.replace(cfg.parallelism, **parallel)
+    b = megatron_backend(hf.state_dict(), hf.config, cfg.model, par, cfg.algorithm, cfg.train, 1.0, 10,
+                         torch.device("cpu"), seed=cfg.seed, max_response_len=8)
+    b.freeze_reference()
+    return critic_steps(b, None if out_dir is None else os.path.join(out_dir, f"{tag}_ckpt"))
+
+
+def critic_resume(cfg, hf, parallel, ckpt_dir: str) -> dict:
+    """A fresh PPO backend (random weights) that loads `ckpt_dir`: its values, then one more rollout."""
+    import dataclasses
+
+    from tests.support.trainers import megatron_backend
+
+    par = dataclasses.replace(cfg.parallelism, **parallel)
+    b = megatron_backend(None, hf.config, cfg.model, par, cfg.algorithm, cfg.train, 1.0, 10,
+                         torch.device("cpu"), seed=cfg.seed + 1, max_response_len=8)
+    b.load_checkpoint(ckpt_dir)
+    batch = fixed_batch()
+    batch.returns = PPO_RETURNS[:, None] * batch.loss_mask
+    batch.values = loaded = b.values(batch)
+    metrics = b.train_rollout(batch)
+    return {"loaded": loaded, "metrics": metrics, "after": b.values(batch), "counters": b._counters()}
+
+
+def critic_spawn_main(rank: int, world: int, port: int, out_dir: str, layouts: list[str]) -> None:
+    from tests.support.megatron_cpu import shim
+
+    shim.install()
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    cfg, _, hf = tiny_setup(PPO)
+    for name in layouts:
+        res = critic_run(cfg, hf, LAYOUTS[name], out_dir, f"critic_{name}")
+        torch.save(res, os.path.join(out_dir, f"critic_{name}_rank{rank}.pt"))
