@@ -118,7 +118,8 @@ def test_disaggregated_async_plan():
     assert "(engine 0: rank 0; engine 1: rank 1; engine 2: rank 2; engine 3: rank 3)" in sync[1], sync
     assert section(text, "not runnable yet") == []
     # with pipeline stages a rank holds one stage: the driver would be rank 0 of an NCCL group, and holds no GPU
-    staged = plan.plan_text([f"experiment={ASYNC}", "parallelism.pipeline_model_parallel_size=2"])
+    staged = plan.plan_text([f"experiment={ASYNC}", "parallelism.pipeline_model_parallel_size=2", "train.qkv_format=bshd",
+                             "train.use_dynamic_batch_size=false"])  # the recipe's packing runs with TP/DP only
     assert "  by the driver: " in staged and "the driver its rank 0" in staged
     assert any("parallelism.pipeline_model_parallel_size=2" in line for line in section(staged, "not runnable yet"))
 
