@@ -39,10 +39,22 @@ def mlflow_db(path: Path) -> str:
     return f"sqlite:///{path}"
 
 
-def run_cli(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    """`python -m slime_hydra ARGS` in `cwd`, as a user would run it."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "slime_hydra", *args], cwd=cwd, env=env, capture_output=True,
+# set by init_parallel in this process once an in-process backend ran (and its port still bound by that store): a CLI
+# child that inherited them would try to listen on the same port for its own process group
+DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def cli_env() -> dict[str, str]:
+    """This process's environment for a CLI child: unbuffered, this checkout first on the path, no distributed rendezvous."""
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
+    path = [str(ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    return env | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
+
+
+def run_cli(args: list[str], cwd: Path, timeout: int = 600, module: str = "slime_hydra") -> subprocess.CompletedProcess:
+    """`python -m slime_hydra ARGS` in `cwd`, as a user would run it (module=tests.support.megatron_cpu.cli: the same
+    under the CPU shim for megatron-core)."""
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=cli_env(), capture_output=True,
                           text=True, timeout=timeout)
 
 

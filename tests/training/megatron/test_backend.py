@@ -240,29 +240,20 @@ def test_fused_adam_matches_foreach(single):
 def test_cli_grpo_run_with_megatron_backend_raises_accuracy(tmp_path):
     """The embedded default (SFT warm start, GRPO) through the CLI with train=megatron, 40 rollouts on CPU."""
     import json
-    import os
-    import subprocess
-    import sys
 
     from transformers import AutoModelForCausalLM
 
+    from tests.support.runs import run_cli
+
     args = ["train=megatron", "logger=none", "logger.progress_bar=false", "num_rollout=40", "eval.eval_interval=20",
             f"hydra.run.dir={tmp_path}/run"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(workers_root())}
-    proc = subprocess.run([sys.executable, "-m", "tests.support.megatron_cpu.cli", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = run_cli(args, tmp_path, timeout=900, module="tests.support.megatron_cpu.cli")
     assert proc.returncode == 0, proc.stderr[-3000:]
     acc = json.loads((tmp_path / "run" / "summary.json").read_text())["eval/addition/accuracy"]
     # measured here (CPU, seed 1234): 0.44 -> 0.525 after 40 rollouts (the torch backend's e2e test asks +0.1)
     assert acc["count"] == 3 and acc["last"] >= acc["first"] + 0.05, acc
     ckpts = sorted((tmp_path / "run" / "checkpoints").glob("rollout_*"))
     assert AutoModelForCausalLM.from_pretrained(ckpts[-1]) is not None  # save_hf wrote a loadable HF checkpoint
-
-
-def workers_root():
-    from tests.support.runs import ROOT
-
-    return ROOT
 
 
 @pytest.mark.parametrize("distributed", [False, True], ids=["optimizer", "distributed_optimizer"])

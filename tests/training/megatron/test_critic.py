@@ -121,20 +121,12 @@ def test_cli_ppo_run_with_megatron_backend_raises_accuracy(tmp_path):
     """The embedded default (SFT warm start) with algorithm=ppo and train=megatron through the CLI: the critic (values 0 at
     first, then learnt) drives GAE, and held-out accuracy rises over 40 rollouts on CPU."""
     import json
-    import os
-    import subprocess
-    import sys
 
-    from tests.support.runs import ROOT
+    from tests.support.runs import run_cli
 
     args = ["train=megatron", "algorithm=ppo", "logger=none", "logger.progress_bar=false", "num_rollout=40",
             "eval.eval_interval=20", f"hydra.run.dir={tmp_path}/run"]
-    # without this process's MASTER_PORT (set by init_parallel for the in-process backends above and still bound by
-    # their store): the CLI's own process group would try to listen on it
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
-    env |= {"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "tests.support.megatron_cpu.cli", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=1500)
+    proc = run_cli(args, tmp_path, timeout=1500, module="tests.support.megatron_cpu.cli")  # without this process's MASTER_PORT
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     acc = summary["eval/addition/accuracy"]
