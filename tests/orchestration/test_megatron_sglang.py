@@ -1,7 +1,7 @@
 """train.backend=megatron with rollout.backend=sglang under cluster.backend=ray: both halves as Ray actors on CPU.
 
 2 megatron ranks (TP=2 over gloo; a second pair with DP=2, TP=1, drives the same engines) and 2 real SGLang CPU engines
-behind the real sglang-router, on a `ray start --head` cluster of 6 CPUs this module starts (4 bundles when
+behind the real sglang-router, on a `ray start --head` cluster of 8 CPUs this module starts (4 bundles when
 disaggregated, 2 more for the DP=2 pair); their log-probs and first train step are the in-process megatron run's. The
 ranks gather their TP shards to Hugging Face names and send them to the engines themselves, in buckets: engine e over a
 gloo update group that rank e opens (disaggregated; a relaunched engine gets a new one), or as handles from the rank on
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import shutil
 import tempfile
 import threading
@@ -48,8 +49,8 @@ COMMON = [EXPERIMENT, "train=megatron", "logger=none", "logger.progress_bar=fals
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A `ray start --head` of 6 CPUs (2 train + 2 rollout bundles of one CPU, + 2 for the DP=2 ranks); every worker of this job installs the
-    CPU shim first. Stopped by its own process id."""
+    """A `ray start --head` of 8 logical CPUs (2 train + 2 rollout bundles of one CPU, + 2 for the DP=2 ranks, + 2 for the
+    PPO ranks); every worker of this job installs the CPU shim first. Stopped by its own process id."""
     import ray
 
     temp = tempfile.mkdtemp(prefix="rms", dir="/tmp")  # AF_UNIX socket paths under it must stay < 107 bytes
@@ -58,7 +59,7 @@ def cluster():
                                                  "--dashboard-agent-grpc-port", "--metrics-export-port",
                                                  "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port")}
     args = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
-            "--num-cpus", "6", "--num-gpus", "0", "--object-store-memory", str(200 * 2**20), "--include-dashboard", "false",
+            "--num-cpus", "8", "--num-gpus", "0", "--object-store-memory", str(200 * 2**20), "--include-dashboard", "false",
             "--temp-dir", temp, "--disable-usage-stats", *[x for kv in ports.items() for x in kv]]
     log = Path(temp) / "ray_start.log"
     proc = _start(args, log, env={"RAY_TMPDIR": temp, "RAY_AUTH_MODE": "disabled"})
@@ -201,7 +202,7 @@ def versions_of(history) -> list[float]:
 SHORT = ["warmstart.steps=0", "num_rollout=2", "eval.eval_interval=null", "rollout.rollout_batch_size=8", "train.micro_batch_size=16"]
 
 
-# The tests that start their own components come first: the module's disaggregated components hold 4 of the 6 CPUs of the
+# The tests that start their own components come first: the module's disaggregated components hold 4 of the 8 CPUs of the
 # cluster until the module ends.
 def test_colocated_syncs_from_tensors_every_update_equal(cluster, tmp_path):
     """cluster.colocate=true: each engine shares a train rank's bundle (2 bundles); weights go from tensors (shared-memory
@@ -351,19 +352,9 @@ def test_killed_engine_actor_mid_rollout_loses_and_duplicates_nothing(disaggrega
 # Last: it syncs its own weights into the disaggregated fixture's engines (the kill test checks them against the TP=2 ranks')
 @pytest.fixture(scope="module")
 def data_parallel(cluster, disaggregated, tmp_path_factory):
-    """2 more megatron ranks, TP=1 so DP=2, in a placement group of their own (2 of the cluster's 6 CPUs), driving the
+    """2 more megatron ranks, TP=1 so DP=2, in a placement group of their own (2 of the cluster's 8 CPUs), driving the
     disaggregated fixture's engines (the engines started once for the module): the same first-step comparison, then
     the same 2 rollouts through the loop, every sync checked equal."""
-    import dataclasses
-
-    from ray.util.placement_group import remove_placement_group
-
-    from slime_hydra.app.algorithm import run_specs
-    from slime_hydra.app.build_ray import build_train_group
-    from slime_hydra.engine.components import LoopState
-    from slime_hydra.orchestration.calls import RayCalls
-    from slime_hydra.orchestration.placement import create_placement_group
-
     _, shared, _, _, _ = disaggregated
     out = tmp_path_factory.mktemp("data_parallel")
     # token_mean here (the experiment's sample_token_mean for TP=2): the denominator is the step's token count, which
@@ -371,23 +362,52 @@ def data_parallel(cluster, disaggregated, tmp_path_factory):
     args = [*COMMON, *DP2, "algorithm.loss_aggregation=token_mean", *RAY, "cluster.colocate=false", *SHORT]
     cfg = compose_run(args)
     t0 = time.monotonic()
+    c, pg, trainer = ranks_on_the_shared_engines(cfg, shared, out)
+    try:
+        print(f"data parallel: ranks {time.monotonic() - t0:.0f} s")
+        with fetches_counted(trainer) as fetched:
+            step, history = step_and_two_rollouts("data parallel", args, cfg, c, out)
+        yield cfg, c, history, step, fetched
+    finally:
+        stopped(trainer, pg)
+
+
+def ranks_on_the_shared_engines(cfg, shared, out: Path):
+    """2 megatron ranks for `cfg` in a placement group of their own (2 of the cluster's CPUs), driving the disaggregated
+    fixture's engines (the engines started once for the module): (components, the placement group, the trainer)."""
+    import dataclasses
+
+    from ray.util.placement_group import remove_placement_group
+
+    from slime_hydra.app.algorithm import advantage_spec, run_specs
+    from slime_hydra.app.build_ray import build_train_group
+    from slime_hydra.engine.components import LoopState
+    from slime_hydra.orchestration.calls import RayCalls
+    from slime_hydra.orchestration.placement import create_placement_group
+    from slime_hydra.rewards.compute import RewardScorer
+
     # the train bundles only: the engines are the shared ones
     pg, layout = create_placement_group(dataclasses.replace(cfg.cluster, rollout_num_gpus=0), "the module's cluster")
     # the engines the ranks feed are the shared ones (bundles of the module's other group: none of these ranks' own)
     layout = dataclasses.replace(layout, engine_bundles=shared.rollout.group.launcher.layout.engine_bundles)
     trainer = None
     try:
-        calls = RayCalls(cfg.cluster.ray_call_timeout_s)
-        trainer = build_train_group(cfg, run_specs(cfg), cfg.model, pg, layout, calls, None, None)
-        c = dataclasses.replace(shared, trainer=trainer, state=LoopState(), buffer=None)  # a fresh buffer on the same source
-        print(f"data parallel: ranks {time.monotonic() - t0:.0f} s")
-        with fetches_counted(trainer) as fetched:
-            step, history = step_and_two_rollouts("data parallel", args, cfg, c, out)
-        yield cfg, c, history, step, fetched
+        trainer = build_train_group(cfg, run_specs(cfg), cfg.model, pg, layout, RayCalls(cfg.cluster.ray_call_timeout_s),
+                                    None, None)
     finally:
-        if trainer is not None:
-            trainer.shutdown()
-        remove_placement_group(pg)
+        if trainer is None:
+            remove_placement_group(pg)
+    # a fresh buffer on the same source; this run's reward and advantage estimator
+    c = dataclasses.replace(shared, trainer=trainer, state=LoopState(), buffer=None, scorer=RewardScorer(cfg.reward),
+                            advantage=advantage_spec(cfg.algorithm), output_dir=str(out))
+    return c, pg, trainer
+
+
+def stopped(trainer, pg) -> None:
+    from ray.util.placement_group import remove_placement_group
+
+    trainer.shutdown()
+    remove_placement_group(pg)
 
 
 def test_data_parallel_syncs_every_update_equal_and_matches_one_process(data_parallel):
@@ -404,3 +424,34 @@ def test_data_parallel_syncs_every_update_equal_and_matches_one_process(data_par
     assert_first_step_equal(step)
     assert versions_of(history) == [0.0, 1.0] and r.weight_version == 2 == r.synced_version
     assert_engines_hold_rank0s_weights(cfg, c)  # rank 0's weights: DP replicas, the whole model
+
+
+def test_ppo_async_megatron_critic_over_the_shared_engines(disaggregated, tmp_path):
+    """algorithm=ppo with train_mode=async: 2 megatron ranks (TP=2) hold the policy and the critic (its value head
+    replicated over TP, training/megatron/critic.py), the shared engines generate one rollout ahead, 2 rollouts. The
+    critic starts at values 0 (a zero head) and learns from rewards that differ within a group (the digit reward); the
+    ranks feed the engines over their own update groups, every sync checked equal. Runs last: it syncs its weights into
+    the shared engines."""
+    from slime_hydra.engine import loop
+
+    _, shared, _, _, _ = disaggregated
+    args = [*COMMON, *TP2, "algorithm=ppo", "train_mode=async", "+reward.custom_rm._target_=tests.support.plugins.digit_reward",
+            *RAY, "cluster.colocate=false", *SHORT]
+    cfg = compose_run(args)
+    t0 = time.monotonic()
+    c, pg, trainer = ranks_on_the_shared_engines(cfg, shared, tmp_path)
+    try:
+        with fetches_counted(trainer) as fetched:
+            history = loop.run(cfg, c, str(tmp_path / "ckpt"))
+        print(f"ppo async: {time.monotonic() - t0:.0f} s; "
+              f"{[{k: v for k, v in m.items() if k.startswith('train/value') or 'version' in k} for _, m in history]}")
+        assert_ranks_fed_the_engines(c, fetched)
+    finally:
+        stopped(trainer, pg)
+    steps = [m for s, m in history if s > 0 and "train/value_loss" in m]
+    assert len(steps) == 2, history
+    assert steps[0]["train/values_mean"] == 0.0  # the zero-initialised head: V = 0 before the critic's first step
+    assert steps[0]["train/value_loss"] > 0 and steps[0]["train/value_grad_norm"] > 0  # returns differ from 0
+    assert all(math.isfinite(m[k]) for m in steps for k in m if k.startswith("train/"))
+    r = c.rollout
+    assert r.weight_version == r.synced_version >= 1  # every sync checked equal on both engines, or the run raised
