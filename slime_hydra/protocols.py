@@ -40,6 +40,11 @@ class RolloutBackend(Protocol):
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None: ...
 
+    def snapshot_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
+        """The weights as they are now, for an update_weights later while training goes on (train_mode=async publishes
+        them): a copy (copied_weights), or a source that keeps its own copy where it is (the Ray ranks, on their devices)."""
+        ...
+
     def metrics(self) -> dict[str, float]:
         """The backend's own figures (`section/name` -> value: sync timings, request and retry counts),
         logged with every rollout step; what belongs to one weight sync is reported once; {} if none."""
@@ -50,6 +55,11 @@ class RolloutBackend(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
     def shutdown(self) -> None: ...
+
+
+def copied_weights(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """RolloutBackend.snapshot_weights of a backend that holds no weights of its own until update_weights: a copy."""
+    return [(name, t.detach().clone()) for name, t in named_tensors]
 
 
 @dataclass

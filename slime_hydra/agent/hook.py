@@ -201,6 +201,9 @@ class AgentRollout:
     def abort(self) -> None:
         self.backend.abort()
 
+    def snapshot_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
+        return self.backend.snapshot_weights(named_tensors)
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         self.backend.update_weights(named_tensors, version)
 

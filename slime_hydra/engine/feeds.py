@@ -168,14 +168,15 @@ class AheadGenerator:
         self.queue: deque[Job] = deque(Job(first_rollout_id + i, done_future(collected_from_dict(d)))
                                        for i, d in enumerate(ready))
         self.next_id = first_rollout_id + len(self.queue)
-        self.weights: Optional[tuple[list, int]] = None  # published, not yet applied by the worker
+        self.weights: Optional[tuple[Weights, int]] = None  # published, not yet applied by the worker
         self.hung = False
         if published is not None:
             self.update_weights(*published)
 
     def update_weights(self, named_weights: Weights, version: int) -> None:
-        """Published: the worker applies them before it starts its next generation."""
-        self.weights = ([(name, t.detach().clone()) for name, t in named_weights], version)
+        """Published: the worker applies them before it starts its next generation. Snapshotted here, in the loop's
+        thread, between train steps (the Ray ranks stage theirs: a collective that must not race the training)."""
+        self.weights = (self.rollout.snapshot_weights(named_weights), version)
 
     def fill(self, ahead: int) -> None:
         while len(self.queue) < ahead:
@@ -216,7 +217,7 @@ class AheadGenerator:
                            f"{job.rollout_id}. {self.resume_hint()}") from err
         return job.future.result(timeout=0)
 
-    def _one(self, weights: Optional[tuple[list, int]]) -> Collected:
+    def _one(self, weights: Optional[tuple[Weights, int]]) -> Collected:
         t0 = time.perf_counter()
         if weights is not None:
             self.rollout.update_weights(weights[0], version=weights[1])

@@ -34,9 +34,8 @@ from slime_hydra.config.schema import MegatronConfig, ModelConfig, ParallelismCo
 from slime_hydra.orchestration import stacks
 from slime_hydra.orchestration.calls import RayCalls
 from slime_hydra.orchestration.placement import Layout, node_ip_and_free_port, on_bundle
-from slime_hydra.orchestration.rank_weights import RankStage, RankWeights, engine_ranks, feeder_ranks
+from slime_hydra.orchestration.rank_weights import RankStage, RankWeights, WeightsRef, engine_ranks, feeder_ranks
 from slime_hydra.orchestration.stacks import ActorProcess
-from slime_hydra.orchestration.train_group import WeightsRef
 from slime_hydra.protocols import TrainBatch
 from slime_hydra.training.distributed import collective_failures
 from slime_hydra.training.specs import AlgorithmSpecs

@@ -1,6 +1,6 @@
 """Weights sent to the SGLang engines by the train ranks themselves, under Ray (slime's routes).
 
-The driver route (train_group.WeightsRef) copies rank 0's weights to the CPU, through the object store to the driver,
+The driver route (WeightsRef below) copies rank 0's weights to the CPU, through the object store to the driver,
 which sends them. slime keeps them where they are: with PP=1 every rank holds its full (TP-gathered) Hugging Face
 tensors on its own device after the gather, and sends from there:
 - colocated engines (`weight_sync=tensor`): the engine on a rank's device gets handles to its tensors (CUDA IPC on a
@@ -42,10 +42,12 @@ class RankStage:
     _kept: Optional[dict] = None  # bucket index -> what its handles point to
     _update_groups: Optional[D.UpdateGroups] = None  # this rank's, one per engine it feeds
 
-    def stage_weights(self, keep: bool = True) -> int:
+    def stage_weights(self, keep: bool = True, copy: bool = False) -> int:
         """Collective (every TP rank joins the gather): this rank's full HF tensors, on its device, kept if this rank
-        sends them -> their count."""
+        sends them (copy: cloned, so that training goes on without changing them: train_mode=async) -> their count."""
         staged = tuple(self.trainer.named_weights())
+        if copy and keep:
+            staged = tuple((name, t.detach().clone()) for name, t in staged)
         self._staged = staged if keep else ()
         self._buckets, self._kept = None, {}
         return len(staged)
@@ -72,15 +74,20 @@ class RankStage:
     def check_weights(self, url: str, dtype: str, timeout: float) -> int:
         return W.check_equal(url, self._staged, dtype, timeout)
 
+    def staged_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The staged tensors, on the CPU (not a collective): what a snapshot's reader iterates."""
+        return [(name, t.detach().cpu()) for name, t in self._staged]
+
 
 class RankWeights:
     """TensorSource over the ranks' staged weights. engine_ranks[e]: the ranks on engine e's bundles, in the engine's TP
     order (None: not colocated). feeders[e]: the rank that broadcasts to engine e (None: PP>1). fallback(): the
-    object-store route (a train_group.WeightsRef), for whoever iterates."""
+    object-store route (a WeightsRef), for whoever iterates."""
 
     def __init__(self, ranks: list, engine_ranks: Optional[list[list[int]]], feeders: Optional[list[int]], calls: RayCalls,
                  fallback: Callable[[], object]):
         self.ranks, self.engine_ranks, self.feeders, self.calls, self._fallback = ranks, engine_ranks, feeders, calls, fallback
+        self._staged = False  # staged for this sync: stage() does nothing more
 
     def serves(self, route: str) -> bool:
         return {"tensor": self.engine_ranks, "distributed": self.feeders}.get(route) is not None
@@ -90,9 +97,20 @@ class RankWeights:
 
     def stage(self) -> None:
         """Every rank (a collective: megatron's TP gather) stages its tensors on its device; those that send keep them."""
-        holders = self._holders()
-        self.calls.get([r.stage_weights.remote(i in holders) for i, r in enumerate(self.ranks)], "staging the weights",
+        self._stage(self._holders(), copy=False)
+
+    def snapshot(self) -> None:
+        """stage() now, into copies (training goes on before they are sent: train_mode=async); rank 0 keeps one too,
+        which iterating (the routes the ranks do not serve) then reads instead of the ranks' live weights."""
+        self._stage(self._holders() | {0}, copy=True)
+        self._fallback = lambda: WeightsRef(self.ranks[0].staged_weights.remote(), self.calls)
+
+    def _stage(self, holders: set[int], copy: bool) -> None:
+        if self._staged:
+            return
+        self.calls.get([r.stage_weights.remote(i in holders, copy) for i, r in enumerate(self.ranks)], "staging the weights",
                        [f"rank {r}" for r in range(len(self.ranks))])
+        self._staged = True
 
     def _labels(self, engine: int) -> list[str]:
         return [f"rank {r}" for r in self.engine_ranks[engine]]
@@ -128,8 +146,18 @@ class RankWeights:
 
     @property
     def ref(self):
-        """The object-store reference a rollout manager of local engines hands on (train_group.WeightsRef.ref)."""
+        """The object-store reference a rollout manager of local engines hands on (WeightsRef.ref)."""
         return self._fallback().ref
+
+
+class WeightsRef:
+    """rank 0's weights (or its snapshot) in the object store: iterating fetches them; a rollout manager takes `.ref` as is."""
+
+    def __init__(self, ref, calls: RayCalls):
+        self.ref, self.calls = ref, calls
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.calls.get(self.ref, "fetching the weights", ["rank 0"]))
 
 
 def engine_ranks(actor_bundles: tuple[int, ...], engine_bundles: tuple[tuple[int, ...], ...],

@@ -27,6 +27,7 @@ from slime_hydra.orchestration import stacks
 from slime_hydra.orchestration.calls import RayCalls, get
 from slime_hydra.orchestration.placement import Layout, on_bundle
 from slime_hydra.orchestration.stacks import ActorProcess
+from slime_hydra.protocols import copied_weights
 from slime_hydra.types import Sample, SamplingParams
 
 
@@ -143,6 +144,9 @@ class RemoteRollout:
 
     def abort(self) -> None:
         """Engines are synchronous actors: a generate call runs to the end, so every sample comes back done."""
+
+    def snapshot_weights(self, named_tensors) -> list:
+        return copied_weights(named_tensors)  # fetched here (the Ray ranks: rank 0's, through the object store)
 
     def update_weights(self, named_tensors, version: int) -> None:
         ref = getattr(named_tensors, "ref", None)

@@ -19,7 +19,7 @@ stuck in an all-reduce reports itself before the driver's wait on the whole step
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import ray
 import torch
@@ -28,7 +28,7 @@ from slime_hydra.config.schema import ModelConfig
 from slime_hydra.orchestration import stacks
 from slime_hydra.orchestration.calls import RayCalls
 from slime_hydra.orchestration.placement import Layout, node_ip_and_free_port, on_bundle
-from slime_hydra.orchestration.rank_weights import RankStage, RankWeights, engine_ranks, feeder_ranks
+from slime_hydra.orchestration.rank_weights import RankStage, RankWeights, WeightsRef, engine_ranks, feeder_ranks
 from slime_hydra.orchestration.stacks import ActorProcess
 from slime_hydra.protocols import TrainBatch
 from slime_hydra.runtime import seed_everything
@@ -113,16 +113,6 @@ class TrainRank(RankStage):
 
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-class WeightsRef:
-    """rank 0's weights in the object store: iterating fetches them; a rollout manager takes `.ref` as is."""
-
-    def __init__(self, ref, calls: RayCalls):
-        self.ref, self.calls = ref, calls
-
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter(self.calls.get(self.ref, "fetching the weights", ["rank 0"]))
 
 
 class TrainGroup:

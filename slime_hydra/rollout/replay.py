@@ -45,6 +45,9 @@ class ReplayRollout:
     def abort(self) -> None:
         pass
 
+    def snapshot_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple:
+        return ()  # nothing to send the weights to
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         self.weight_version = version  # nothing to send the weights to
 
@@ -80,6 +83,9 @@ class NoWeightSync:
 
     def abort(self) -> None:
         self.inner.abort()
+
+    def snapshot_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple:
+        return ()
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         pass

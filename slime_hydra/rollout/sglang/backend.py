@@ -167,6 +167,13 @@ class SGLangRollout:
             self.sync_stats = {"rollout/weight_sync_requests": float(requests), "perf/weight_sync_write_s": t1 - t0,
                                "perf/weight_sync_send_s": t2 - t1, "perf/weight_sync_check_s": time.perf_counter() - t2}
 
+    def snapshot_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> S.TensorSource:
+        """A source that serves this rollout's route keeps its copy where it is (the Ray ranks stage it now, on their
+        devices: update_weights then only sends it); anything else is copied here."""
+        source = self._source(named_tensors)
+        source.snapshot()
+        return source
+
     def _source(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> S.TensorSource:
         if self.mode != "disk" and isinstance(named_tensors, S.TensorSource) and named_tensors.serves(self.mode):
             return named_tensors

@@ -14,6 +14,7 @@ from typing import Iterable, Iterator, Optional, Protocol, runtime_checkable
 
 import torch
 
+from slime_hydra.protocols import copied_weights
 from slime_hydra.rollout.sglang import distributed as D
 from slime_hydra.rollout.sglang import weights as W
 
@@ -26,7 +27,12 @@ class TensorSource(Protocol):
         """Whether it sends by `route` ("tensor": send, "distributed": broadcast) itself; if not, the rollout iterates it."""
 
     def stage(self) -> None:
-        """Make the tensors ready where they live, once per sync, before any send (the ranks' gather)."""
+        """Make the tensors ready where they live, once per sync, before any send (the ranks' gather); nothing when
+        snapshot() did it already."""
+        ...
+
+    def snapshot(self) -> None:
+        """stage() now, into a copy that training no longer changes (train_mode=async sends it later)."""
 
     def send(self, engine: int, url: str, version: int, tp_size: int, buffer_bytes: int, dtype: str, timeout: float) -> int:
         """Engine `engine` at `url` (paused by the caller) gets every bucket as tensor handles; -> the number of requests."""
@@ -55,6 +61,9 @@ class LocalTensors:
 
     def stage(self) -> None:
         pass  # they are here
+
+    def snapshot(self) -> None:
+        self.tensors = copied_weights(self.tensors)
 
     def send(self, engine: int, url: str, version: int, tp_size: int, buffer_bytes: int, dtype: str, timeout: float) -> int:
         return W.update_from_tensors(url, self.tensors, version, tp_size, buffer_bytes, dtype, timeout)
