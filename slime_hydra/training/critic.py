@@ -27,6 +27,13 @@ from slime_hydra.training.specs import BatchSpec, CriticSpec, LossSpec
 from slime_hydra.training.thd import Packed, pack, thd_forward, unpack
 
 
+def no_critic_in(checkpoint: str) -> str:
+    """The problem of resuming PPO (a critic to restore) from a checkpoint written without one."""
+    return (f"{checkpoint} holds no critic (its run's algorithm.advantage_estimator was not ppo), and this run's PPO "
+            "critic has nothing to resume from; start from its policy instead: set model.hf_checkpoint to the checkpoint's "
+            "directory (its Hugging Face weights; the critic then starts from them) and leave out load=")
+
+
 class ValueModel(nn.Module):
     def __init__(self, policy: nn.Module):
         super().__init__()

@@ -21,9 +21,10 @@ from typing import Iterator, Optional
 import torch
 
 from slime_hydra.algorithms import losses as L
+from slime_hydra.errors import ConfigError
 from slime_hydra.protocols import TrainBatch
 from slime_hydra.training.base import shaping_kl
-from slime_hydra.training.critic import TorchCritic
+from slime_hydra.training.critic import TorchCritic, no_critic_in
 from slime_hydra.training.microbatch import micro_batch_indices
 from slime_hydra.training.optim import adamw
 from slime_hydra.training.packed import packed_logits
@@ -266,6 +267,8 @@ class TorchTrainBackend:
         self.scheduler.load_state_dict(state["scheduler"])
         self.rollouts_trained = state.get("rollouts_trained", 0)
         if self.critic is not None:
+            if "critic" not in state:
+                raise ConfigError([no_critic_in("the checkpoint loaded (load=)")])
             self.critic.load_state_dict(state["critic"])
         if "ref_model" in state:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)

@@ -94,3 +94,21 @@ def test_ref_update_interval_refreshes_the_reference():
     assert torch.equal(flat(b.ref_model), ref0) and not torch.equal(flat(b.model), ref0)  # 1 rollout: kept
     b.train_rollout(algo_advantages(samples(), algo, 2, TOK.pad_token_id, b))
     assert torch.equal(flat(b.ref_model), flat(b.model))  # 2 rollouts: the policy's weights
+
+
+def test_ppo_resumed_from_a_checkpoint_without_a_critic_names_the_fix():
+    """A GRPO run's state (no critic) loaded into a PPO backend: a ConfigError (exit 2) naming the keys that start PPO from
+    that policy instead, not a KeyError from deep inside the load."""
+    import pytest
+
+    from slime_hydra.errors import ConfigError
+
+    train = TrainConfig(micro_batch_size=4, global_batch_size=8, num_steps_per_rollout=1, lr=1e-3)
+    grpo = torch_backend(base_model(), AlgorithmConfig(), train, temperature=1.0, total_steps=10, device=CPU,
+                         max_response_len=MAX_LEN)
+    ppo, _ = ppo_backend()
+    with pytest.raises(ConfigError) as e:
+        ppo.load_state_dict(grpo.state_dict())
+    (problem,) = e.value.problems
+    assert "holds no critic" in problem and "algorithm.advantage_estimator" in problem, problem
+    assert "set model.hf_checkpoint to the checkpoint's directory" in problem and "leave out load=" in problem, problem

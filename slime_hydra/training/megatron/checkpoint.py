@@ -82,6 +82,7 @@ def save(path: str | Path, model, optimizer, ref=None, extra: dict | None = None
     sd = _sharded(model, optimizer, ref, is_loading=False, critic=critic)
     sd["extra"] = dict(extra or {})
     sd["optimizer_layout"] = _optimizer_layout(optimizer)
+    sd["parts"] = {"critic": critic is not None}  # check_loadable: a PPO run resumes only from a checkpoint with one
     dist_checkpointing.save(sd, str(tmp), content_metadata=_OPT_METADATA)
     _barrier()
     if rank0:
@@ -148,23 +149,29 @@ def _optimizer_layout(optimizer) -> dict:
             "data_parallel_size": ps.get_data_parallel_world_size()}
 
 
-def check_loadable(ckpt: Path, optimizer) -> None:
+def check_loadable(ckpt: Path, optimizer, critic: bool = False) -> None:
     """The two optimizers store different keys (the distributed one by grad-buffer bucket, the other by parameter):
-    a checkpoint loads only into the kind that wrote it. The DP size may differ (dp_reshardable; exact: tests)."""
+    a checkpoint loads only into the kind that wrote it. The DP size may differ (dp_reshardable; exact: tests). A PPO
+    run (critic) needs a checkpoint with a critic (those written before the `parts` entry are not checked)."""
     from slime_hydra.errors import ConfigError
+    from slime_hydra.training.critic import no_critic_in
     from slime_hydra.training.megatron.checks import optimizer_kind_mismatch
 
-    saved = (dist_checkpointing.load_common_state_dict(str(ckpt)) or {}).get("optimizer_layout")
+    common = dist_checkpointing.load_common_state_dict(str(ckpt)) or {}
     now = _optimizer_layout(optimizer)
-    if problem := optimizer_kind_mismatch(saved, now["use_distributed_optimizer"], str(ckpt), f"; now {now['data_parallel_size']}"):
-        raise ConfigError([problem])
+    problems = [p for p in [optimizer_kind_mismatch(common.get("optimizer_layout"), now["use_distributed_optimizer"], str(ckpt),
+                                                    f"; now {now['data_parallel_size']}")] if p]
+    if critic and common.get("parts", {}).get("critic") is False:
+        problems.append(no_critic_in(str(ckpt.parent)))
+    if problems:
+        raise ConfigError(problems)
 
 
 def load(path: str | Path, model, optimizer, ref=None, critic=None) -> dict:
     """Collective: fills model, optimizer (ref, and the critic's (model, optimizer)) in place from `<path>/megatron`;
     returns `extra`."""
     ckpt = Path(path) / DIRNAME
-    check_loadable(ckpt, optimizer)
+    check_loadable(ckpt, optimizer, critic is not None)
     pairs = [(model, optimizer)] + ([critic] if critic is not None else [])
     for _, opt in pairs:
         _init_distributed_optimizer_state(opt)

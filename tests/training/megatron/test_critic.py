@@ -179,3 +179,26 @@ def test_ref_update_interval_refreshes_the_reference(setup):
     assert torch.equal(flat(b.ref), ref0) and not torch.equal(flat(b.gpt), ref0)
     b.train_rollout(workers.fixed_batch())
     assert torch.equal(flat(b.ref), flat(b.gpt))
+
+
+def test_ppo_resumed_from_a_megatron_checkpoint_without_a_critic_names_the_fix(setup, tmp_path):
+    """A GRPO megatron checkpoint (no critic) loaded by a PPO backend: a ConfigError (exit 2) before anything is read,
+    naming the checkpoint and the keys that start PPO from its policy instead (megatron's own error was a list of missing
+    sharded keys)."""
+    import dataclasses
+
+    from slime_hydra.errors import ConfigError
+    from tests.support.trainers import megatron_backend
+
+    cfg, _, hf = setup
+    grpo = megatron_backend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, dataclasses.replace(
+        cfg.algorithm, advantage_estimator="grpo"), cfg.train, 1.0, 10, torch.device("cpu"), seed=cfg.seed, max_response_len=8)
+    grpo.freeze_reference()
+    grpo.save_checkpoint(str(tmp_path / "grpo"))
+    ppo = megatron_backend(None, hf.config, cfg.model, cfg.parallelism, cfg.algorithm, cfg.train, 1.0, 10,
+                           torch.device("cpu"), seed=cfg.seed, max_response_len=8)
+    with pytest.raises(ConfigError) as e:
+        ppo.load_checkpoint(str(tmp_path / "grpo"))
+    (problem,) = e.value.problems
+    assert problem.startswith(f"{tmp_path / 'grpo'} holds no critic"), problem
+    assert "model.hf_checkpoint" in problem and "leave out load=" in problem, problem
