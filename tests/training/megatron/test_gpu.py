@@ -237,8 +237,7 @@ def critic_roundtrip(device: torch.device, tmp_path) -> dict:
 
 def test_bf16_packed_critic_steps_and_resumes_exactly(tmp_path):
     out = critic_roundtrip(torch.device("cuda"), tmp_path)
-    real = out["real"].cuda()
-    v1 = out["v1"][real]
+    v1 = out["v1"][out["real"].to(out["v1"].device)]
     print(f"\nGPU critic (bf16, thd, budget 256): value_loss {out['m1']['train/value_loss']:.6g} "
           f"grad_norm {out['m1']['train/value_grad_norm']:.4g}; values after one step mean {v1.float().mean().item():.4g} "
           f"(min {v1.min().item():.3g}, max {v1.max().item():.3g}); rollout 2 resumed vs continued "
