@@ -114,7 +114,7 @@ def test_every_cpu_experiment_is_launched_somewhere():
 def test_cpu_experiment_launches(name, tmp_path, request):
     """Through the CLI, as a user starts it: exit 0 and a rollout metric in the run's summary."""
     args = [f"experiment={name}", *ONE_ROLLOUT, f"hydra.run.dir={tmp_path}/run"]
-    if "-ray-" in name:  # the session's `ray start --head` cluster (2 CPUs), not a new one per run
+    if "-ray-" in name:  # the session's `ray start --head` cluster, not a new one per run
         args.append(f"cluster.address={request.getfixturevalue('ray_head').gcs_address}")
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

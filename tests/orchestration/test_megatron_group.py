@@ -1,5 +1,5 @@
 """train.backend=megatron under cluster.backend=ray: 2 megatron ranks as Ray actors (TP=2, PP=2 or DP=2 over gloo, on the
-session's real 2-CPU `ray start --head` cluster) run the engine loop as the single-process megatron run does.
+session's real `ray start --head` cluster) run the engine loop as the single-process megatron run does.
 
 The ranks run megatron on CPU under tests/support/megatron_cpu/shim.py: this module joins the cluster with a job
 `runtime_env` whose `worker_process_setup_hook` installs the shim in every worker process of the job (the ranks, the
@@ -16,6 +16,7 @@ import pytest
 from slime_hydra.app.preflight import compose_run
 from tests.support.megatron_cpu import shim
 from tests.support.runs import FAST
+from tests.support.servers import join_ray
 
 SHIM_HOOK = "tests.support.megatron_cpu.shim.install"
 LAYOUTS = {  # tests/support/megatron_cpu/workers.py's LAYOUTS as overrides: 2 ranks, what is not TP or PP is DP
@@ -39,8 +40,7 @@ def ray_cluster(ray_head):
     shim.install()
     # the hook is imported in each worker: the repository root on its path (pytest puts it on this process's only)
     root = str(Path(__file__).resolve().parents[2])
-    ray.init(address=ray_head.gcs_address, logging_level="WARNING",
-             runtime_env={"worker_process_setup_hook": SHIM_HOOK, "env_vars": {"PYTHONPATH": root}})
+    join_ray(ray_head, "megatron_group", worker_process_setup_hook=SHIM_HOOK, env_vars={"PYTHONPATH": root})
     yield ray_head.gcs_address
     ray.shutdown()
 

@@ -1,8 +1,8 @@
 """train.backend=megatron with rollout.backend=sglang under cluster.backend=ray: both halves as Ray actors on CPU.
 
 2 megatron ranks (TP=2 over gloo; a second pair with DP=2, TP=1, drives the same engines) and 2 real SGLang CPU engines
-behind the real sglang-router, on a `ray start --head` cluster of 8 CPUs this module starts (4 bundles when
-disaggregated, 2 more for the DP=2 pair); their log-probs and first train step are the in-process megatron run's. The
+behind the real sglang-router, on the session's `ray start --head` cluster (4 bundles when disaggregated, 2 more for
+the DP=2 pair); their log-probs and first train step are the in-process megatron run's. The
 ranks gather their TP shards to Hugging Face names and send them to the engines themselves, in buckets: engine e over a
 gloo update group that rank e opens (disaggregated; a relaunched engine gets a new one), or as handles from the rank on
 its bundle (colocated); the driver pauses, flushes and continues, and never fetches the weights. Every sync is checked equal
@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,7 +26,7 @@ import torch
 from slime_hydra.app.preflight import compose_run
 from slime_hydra.types import SamplingParams, Status
 from tests.support.megatron_cpu import shim
-from tests.support.servers import BIN, _start, _stop, _wait_port, free_port
+from tests.support.servers import join_ray
 
 SHIM_HOOK = "tests.support.megatron_cpu.shim.install"  # as tests/orchestration/test_megatron_group.py installs it
 
@@ -48,32 +46,17 @@ COMMON = [EXPERIMENT, "train=megatron", "logger=none", "logger.progress_bar=fals
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A `ray start --head` of 8 logical CPUs (2 train + 2 rollout bundles of one CPU, + 2 for the DP=2 ranks, + 2 for the
-    PPO ranks); every worker of this job installs the CPU shim first. Stopped by its own process id."""
+def cluster(ray_head):
+    """The session's `ray start --head` cluster, in this module's namespace: its placement groups take 8 of the logical
+    CPUs (2 train + 2 rollout bundles of one CPU, + 2 for the DP=2 ranks, + 2 for the PPO ranks); every worker of this
+    job installs the CPU shim first."""
     import ray
 
-    temp = tempfile.mkdtemp(prefix="rms", dir="/tmp")  # AF_UNIX socket paths under it must stay < 107 bytes
-    port = free_port()
-    ports = {flag: str(free_port()) for flag in ("--ray-client-server-port", "--dashboard-agent-listen-port",
-                                                 "--dashboard-agent-grpc-port", "--metrics-export-port",
-                                                 "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port")}
-    args = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
-            "--num-cpus", "8", "--num-gpus", "0", "--object-store-memory", str(200 * 2**20), "--include-dashboard", "false",
-            "--temp-dir", temp, "--disable-usage-stats", *[x for kv in ports.items() for x in kv]]
-    log = Path(temp) / "ray_start.log"
-    proc = _start(args, log, env={"RAY_TMPDIR": temp, "RAY_AUTH_MODE": "disabled"})
-    try:
-        _wait_port(port, proc, log, timeout=180)
-        shim.install()
-        root = str(Path(__file__).resolve().parents[2])
-        ray.init(address=f"127.0.0.1:{port}", logging_level="WARNING",
-                 runtime_env={"worker_process_setup_hook": SHIM_HOOK, "env_vars": {"PYTHONPATH": root}})
-        yield f"127.0.0.1:{port}"
-    finally:
-        ray.shutdown()
-        _stop(proc)
-        shutil.rmtree(temp, ignore_errors=True)
+    shim.install()
+    root = str(Path(__file__).resolve().parents[2])
+    join_ray(ray_head, "megatron_sglang", worker_process_setup_hook=SHIM_HOOK, env_vars={"PYTHONPATH": root})
+    yield ray_head.gcs_address
+    ray.shutdown()
 
 
 def built(tmp: Path, args: list[str]):
@@ -202,7 +185,7 @@ def versions_of(history) -> list[float]:
 SHORT = ["warmstart.steps=0", "num_rollout=2", "eval.eval_interval=null", "rollout.rollout_batch_size=8", "train.micro_batch_size=16"]
 
 
-# The tests that start their own components come first: the module's disaggregated components hold 4 of the 8 CPUs of the
+# The tests that start their own components come first: the module's disaggregated components hold 4 CPUs of the
 # cluster until the module ends.
 def test_colocated_syncs_from_tensors_every_update_equal(cluster, tmp_path):
     """cluster.colocate=true: each engine shares a train rank's bundle (2 bundles); weights go from tensors (shared-memory

@@ -1,4 +1,4 @@
-"""cluster.backend=ray on one real Ray cluster (`ray start --head`, 2 CPUs, shared by the session): layout, checks, DP, a run."""
+"""cluster.backend=ray on one real Ray cluster (the session's `ray start --head`, 16 logical CPUs): layout, checks, DP, a run."""
 
 from __future__ import annotations
 
@@ -12,15 +12,16 @@ from slime_hydra.config.schema import ClusterConfig
 from slime_hydra.errors import ConfigError
 from slime_hydra.orchestration.placement import layout_problems, plan_layout
 from tests.support.runs import FAST, mlflow_db, run_cli
+from tests.support.servers import RAY_HEAD_CPUS, join_ray
 from tests.support.tiny import random_batch
 
 
 @pytest.fixture(scope="module")
 def ray_cluster(ray_head):
-    """This process joins the session's `ray start --head` cluster (2 CPUs) as a driver."""
+    """This process joins the session's `ray start --head` cluster as a driver, in this module's namespace."""
     import ray
 
-    ray.init(address=ray_head.gcs_address, logging_level="WARNING")
+    join_ray(ray_head, "ray_backend")
     yield ray_head.gcs_address
     ray.shutdown()
 
@@ -62,13 +63,15 @@ def test_static_cluster_checks_report_every_problem():
 
 
 def test_layout_the_cluster_cannot_hold_exits_2_before_any_actor(ray_cluster, workdir):
-    # 3 train ranks + 1 rollout bundle, not colocated: 4 CPU bundles on a 2-CPU cluster (joined by address)
+    # one train rank more than the cluster has CPUs + 1 rollout bundle, not colocated (joined by address)
+    ranks = RAY_HEAD_CPUS + 1
     proc = run_cli([*FAST, "logger=none", "num_rollout=1", "cluster.backend=ray", f"cluster.address={ray_cluster}",
-                    "cluster.actor_num_gpus_per_node=3", "cluster.colocate=false", "cluster.rollout_num_gpus=1",
-                    "rollout.rollout_batch_size=6", "train.micro_batch_size=8"], workdir, timeout=300)
+                    f"cluster.actor_num_gpus_per_node={ranks}", "cluster.colocate=false", "cluster.rollout_num_gpus=1",
+                    f"rollout.rollout_batch_size={2 * ranks}", "train.micro_batch_size=8"], workdir, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-    assert "= 4 bundle(s) of {CPU: 1}, but the Ray cluster (cluster.address=" in proc.stderr and "has 2 CPU" in proc.stderr
+    assert f"= {ranks + 1} bundle(s) of {{CPU: 1}}, but the Ray cluster (cluster.address=" in proc.stderr
+    assert f"has {RAY_HEAD_CPUS} CPU" in proc.stderr
     assert "set cluster.colocate=true" in proc.stderr
     assert not (workdir / "outputs").exists() or not list((workdir / "outputs").rglob("checkpoints"))
 

@@ -2,7 +2,7 @@
 
 One short GRPO run (1 torch train rank + 1 engine, disaggregated: weights over a gloo update group the train rank
 opens and broadcasts on; the driver neither opens a group nor fetches the weights) on the session's real
-`ray start --head` cluster (2 CPUs: one bundle each). The server is the engine actor's child; every weight sync is
+`ray start --head` cluster (one CPU bundle each). The server is the engine actor's child; every weight sync is
 checked equal (`check_weight_update_equal`); a server killed mid-rollout is relaunched through its actor and resynced
 over a new group; after shutdown no server process is left. First, on its
 own: the same run colocated (the rank and the engine share one bundle), its weights sent from the rank.
@@ -22,6 +22,7 @@ import pytest
 from slime_hydra.app.preflight import compose_run
 from slime_hydra.types import SamplingParams, Status
 from tests.support.runs import FAST
+from tests.support.servers import join_ray
 
 pytestmark = pytest.mark.sglang
 
@@ -53,7 +54,7 @@ def test_colocated_engine_gets_the_weights_from_the_rank_on_its_bundle(ray_head,
     """cluster.colocate=true: 1 torch rank and 1 engine on one bundle; each sync's handles come from the rank's own
     tensors (orchestration/rank_weights.py: shared-memory files on CPU), not from the driver. 2 rollouts, each sync
     checked equal on the rank; the engine is checked once more here against rank 0's weights through the object store.
-    Runs before the module's disaggregated run, which holds both CPUs of the cluster."""
+    Runs before the module's disaggregated run."""
     import ray
 
     from slime_hydra.app.build import build
@@ -61,7 +62,7 @@ def test_colocated_engine_gets_the_weights_from_the_rank_on_its_bundle(ray_head,
     from slime_hydra.orchestration.rank_weights import RankWeights
     from slime_hydra.rollout.sglang import weights as W
 
-    ray.init(address=ray_head.gcs_address, logging_level="WARNING")
+    join_ray(ray_head, "sglang_engines")
     cfg = compose_run([a for a in ARGS if a != "cluster.colocate=false"] + ["cluster.colocate=true"])
     c = build(cfg, str(tmp_path))
     try:
@@ -86,7 +87,7 @@ def ray_run(ray_head, tmp_path_factory):
     from slime_hydra.app.build import build
     from slime_hydra.engine import loop
 
-    ray.init(address=ray_head.gcs_address, logging_level="WARNING")
+    join_ray(ray_head, "sglang_engines")
     out = tmp_path_factory.mktemp("ray_sglang")
     cfg = compose_run(ARGS)
     c = build(cfg, str(out))
@@ -192,7 +193,8 @@ def test_shutdown_leaves_no_server_process(ray_run):
         time.sleep(0.5)
     assert all(gone(p) for p in children), [p for p in children if not gone(p)]
     assert gone(actor_pid)
-    assert all(pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())  # and the train rank's bundle
+    # the run's one placement group (the engine's bundle and the train rank's) is removed; other modules' may stand
+    assert ray.util.placement_group_table(r.group.launcher.pg)["state"] == "REMOVED"
 
 
 def _pgid(pid: int) -> int:

@@ -10,13 +10,12 @@ import pytest
 import ray
 
 from slime_hydra.orchestration.stacks import ActorProcess, collect, register
+from tests.support.servers import join_ray
 
 
 @pytest.fixture
-def local_ray():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+def local_ray(ray_head):
+    join_ray(ray_head, "stacks", log_to_driver=False)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the worker cannot import this test module
     yield
     ray.shutdown()

@@ -8,7 +8,7 @@ from tests.support.runs import FAST, mlflow_db, run_cli
 
 
 def test_ray_launcher_sweep_logs_parent_and_children(workdir, ray_head):
-    """4 jobs, 2 at a time, through the Hydra Ray launcher on the session's `ray start --head` cluster (2 CPUs)."""
+    """4 jobs through the Hydra Ray launcher on the session's `ray start --head` cluster (one CPU each)."""
     from mlflow.tracking import MlflowClient
 
     db = mlflow_db(workdir / "mlflow.db")

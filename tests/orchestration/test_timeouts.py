@@ -22,19 +22,18 @@ import ray
 from slime_hydra.errors import RunError
 from slime_hydra.orchestration.calls import RayCalls, get, outer_timeout_s
 from tests.support.runs import FAST
+from tests.support.servers import join_ray
 
 SLACK_S = 8.0  # scheduling and RPC latency allowed beyond a deadline on a loaded machine
 
 
 @pytest.fixture(scope="module")
-def local_ray(tmp_path_factory):
-    """A fresh local cluster for this module (~10 s): no dashboard, so it starts faster than the session's head."""
+def local_ray(ray_head):
+    """The session's cluster, in this module's namespace."""
     import sys
 
-    if ray.is_initialized():
-        ray.shutdown()
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Sleeper travels by value: workers cannot import tests
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    join_ray(ray_head, "timeouts", log_to_driver=False)
     yield
     ray.shutdown()
 

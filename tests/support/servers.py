@@ -1,14 +1,20 @@
-"""Real servers on loopback for the tests, each started once per session and shared.
+"""Real servers on loopback for the tests, each started once per test session and shared by every module.
 
 - `mlflow_server`: `mlflow server` on a free port, sqlite store, one worker, proxied artifacts.
-- `ray_head`: `ray start --head --block` with the dashboard (job submission), 2 CPUs, its own temp dir.
+- `ray_head`: `ray start --head --block` with the dashboard (job submission) and 16 logical CPUs, its own temp dir.
+  Modules join it with `ray.init(address=..., namespace=<module>)`; a module that needs a cluster of its own
+  shape gets a namespace and its own placement groups on this one, not a new head.
 
-Each runs in its own process session and is stopped by its own process id (never `ray stop`, which
-stops every Ray cluster on the machine, other users' included).
+Under pytest-xdist the workers share them: the first worker that asks starts the server under a file lock and
+writes its address beside the lock (in the run's shared base temp dir); the others read it. Servers run in their
+own process session, so a worker's exit does not stop them; the controller (or a run without xdist) stops them
+all at the end of the session by their recorded process ids (never `ray stop`, which stops every Ray cluster on
+the machine, other users' included).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -18,12 +24,14 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
 
 BIN = Path(sys.executable).parent
+RAY_HEAD_CPUS = 16  # logical: enough for the modules that run side by side (8 for the megatron + SGLang module)
 
 
 def free_port() -> int:
@@ -74,26 +82,96 @@ def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
     proc.wait(10)
 
 
+def _stop_pid(pid: int, grace: float = 30.0) -> None:
+    """_stop for a server another process started (an xdist worker): SIGTERM its session, then SIGKILL what is left."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.2)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def _start(args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
     out = log.open("w")
     return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, **(env or {})})
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """The tracking URI (http://127.0.0.1:PORT) of a real `mlflow server`; its store is sqlite under a temp dir."""
-    root = tmp_path_factory.mktemp("mlflow_server")
+# -- one server per test session, shared by the xdist workers --------------------------------------------------------
+
+def shared_root(config: pytest.Config) -> Path:
+    """The run's base temp dir: an xdist worker's is <controller's>/popen-gwN, so its parent is the one they share."""
+    base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    return base.parent if hasattr(config, "workerinput") else base
+
+
+def _shared(config: pytest.Config, name: str, start: Callable[[], dict]) -> dict:
+    """The record of server `name` ({"pid": ..., ...}): started by `start` once for the session, under a file lock."""
+    from filelock import FileLock
+
+    root = shared_root(config)
+    record = root / f"server_{name}.json"
+    with FileLock(str(root / f"server_{name}.lock"), timeout=600):
+        if record.exists():
+            info = json.loads(record.read_text())
+            if _alive(info["pid"]):
+                return info
+            raise RuntimeError(f"the session's {name} server (pid {info['pid']}) has died; its log: {info.get('log')}")
+        info = start()
+        record.write_text(json.dumps(info))
+        return info
+
+
+def stop_shared(config: pytest.Config) -> None:
+    """Stop every server this session started (called once, by the controller or the only process)."""
+    root = shared_root(config)
+    for record in sorted(root.glob("server_*.json")):
+        info = json.loads(record.read_text())
+        _stop_pid(info["pid"])
+        if info.get("cleanup"):
+            shutil.rmtree(info["cleanup"], ignore_errors=True)
+        record.unlink()
+
+
+def _start_mlflow(root: Path) -> dict:
     port = free_port()
+    log = root / "server.log"
     proc = _start([str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
                    "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-                   "--workers", "1"], root / "server.log",
+                   "--workers", "1"], log,
                   env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # no background job runner processes
     try:
-        _wait_http(f"http://127.0.0.1:{port}/health", proc, root / "server.log", timeout=180)
-        yield f"http://127.0.0.1:{port}"
-    finally:
+        _wait_http(f"http://127.0.0.1:{port}/health", proc, log, timeout=180)
+    except BaseException:
         _stop(proc)
+        raise
+    return {"pid": proc.pid, "uri": f"http://127.0.0.1:{port}", "log": str(log)}
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(request, tmp_path_factory):
+    """The tracking URI (http://127.0.0.1:PORT) of a real `mlflow server`; its store is sqlite under a temp dir."""
+    root = shared_root(request.config) / "mlflow_server"
+    root.mkdir(exist_ok=True)
+    return _shared(request.config, "mlflow", lambda: _start_mlflow(root))["uri"]
 
 
 @dataclass(frozen=True)
@@ -103,25 +181,43 @@ class RayHead:
     temp_dir: str
 
 
-@pytest.fixture(scope="session")
-def ray_head():
-    """A `ray start --head` cluster of 2 CPUs on loopback, with the dashboard (job submission)."""
+def _start_ray_head() -> dict:
     temp = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # AF_UNIX socket paths under it must stay < 107 bytes
     port, dash = free_port(), free_port()
     ports = {flag: str(free_port()) for flag in ("--ray-client-server-port", "--dashboard-agent-listen-port",
                                                  "--dashboard-agent-grpc-port", "--metrics-export-port",
-                                                 "--runtime-env-agent-port")}  # defaults are fixed numbers: avoid clashes
+                                                 "--runtime-env-agent-port", "--node-manager-port",
+                                                 "--object-manager-port")}  # defaults are fixed numbers: avoid clashes
     args = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
-            "--num-cpus", "2", "--num-gpus", "0", "--object-store-memory", str(200 * 2**20), "--include-dashboard", "true",
-            "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--temp-dir", temp, "--disable-usage-stats",
-            *[x for kv in ports.items() for x in kv]]
+            "--num-cpus", str(RAY_HEAD_CPUS), "--num-gpus", "0", "--object-store-memory", str(400 * 2**20),
+            "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
+            "--temp-dir", temp, "--disable-usage-stats", *[x for kv in ports.items() for x in kv]]
     log = Path(temp) / "ray_start.log"
     proc = _start(args, log, env={"RAY_TMPDIR": temp, "RAY_AUTH_MODE": "disabled"})
     try:
         _wait_http(f"http://127.0.0.1:{dash}/api/version", proc, log, timeout=180)
         # jobs go through the head node's dashboard agent, which comes up later ("No available agent to submit job")
         _wait_port(int(ports["--dashboard-agent-listen-port"]), proc, log, timeout=180)
-        yield RayHead(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", temp)
-    finally:
+    except BaseException:
         _stop(proc)
         shutil.rmtree(temp, ignore_errors=True)
+        raise
+    head = RayHead(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", temp)
+    return {"pid": proc.pid, "log": str(log), "cleanup": temp, "head": asdict(head)}
+
+
+@pytest.fixture(scope="session")
+def ray_head(request):
+    """The session's `ray start --head` cluster on loopback (16 logical CPUs, no GPUs), with the dashboard."""
+    return RayHead(**_shared(request.config, "ray_head", _start_ray_head)["head"])
+
+
+def join_ray(head: RayHead, namespace: str, log_to_driver: bool = True, **runtime_env) -> None:
+    """This process joins the session's cluster as a job in its own namespace (actors named in one module cannot
+    collide with another's); `runtime_env` as ray.init takes it. Any earlier connection of this process is closed."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address=head.gcs_address, namespace=namespace, logging_level="WARNING", log_to_driver=log_to_driver,
+             **({"runtime_env": runtime_env} if runtime_env else {}))
