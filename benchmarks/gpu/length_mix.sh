@@ -5,7 +5,7 @@
 # micro-batch sizes and budgets: benchmarks/bench_megatron_mix.py). Each part under its own time cap; the bench prints
 # each row as it finishes and rewrites $OUT/bench_megatron_mix.json, and the table is printed from that JSON at the end
 # even when the cap cut the bench short. Carry .whl (the megatron-core 0.16.1 cp312 wheel) and .gpuwhl.
-#   usage: bash benchmarks/gpu/issue24_mix.sh [seconds for the whole script, default 340] [extra bench_megatron args]
+#   usage: bash benchmarks/gpu/length_mix.sh [seconds for the whole script, default 340] [extra bench_megatron args]
 set -uo pipefail
 limit=${1:-340}
 shift || true

@@ -2,19 +2,19 @@
 # Issue 19 part 2 on the H200: both shipped 1n1g experiments (megatron and torch) through the CLI for 40 rollouts
 # (save every 20, every weight sync checked, held-out eval every 10), each resumed from its rollout-20 checkpoint
 # to 40, then a short torch run with the engine's memory released around training (commit efda410's fix).
-#   usage: bash benchmarks/gpu/issue19_experiments.sh PART...   (from the repo root, on the H200 machine)
+#   usage: bash benchmarks/gpu/experiment_curves.sh PART...   (from the repo root, on the H200 machine)
 #   parts: setup       pip-install .gpuwhl and .whl into /tmp/site (and sglang from .sgl/10 when carried)
 #          ckpt        the random HF checkpoint the experiments' model.hf_checkpoint names
 #          megatron | megatron-resume | torch | torch-resume | offload    one run each, into $ROOT/<part>
 #          ray | local | ray-resume   issue 22: the megatron experiment under cluster.backend=ray and in one process
 #                      (20 rollouts, a short warm start, save every 10, every sync checked), the ray run resumed from 10
-#          mix         issue 24: benchmarks/gpu/issue24_mix.sh into $ROOT/mix
+#          mix         issue 24: benchmarks/gpu/length_mix.sh into $ROOT/mix
 #          megatron-thd | torch-thd   issue 24: the 40-rollout runs with packed micro-batches by a token budget
 #                      ($PACK), beside the bshd runs `megatron` and `torch` for the learning curves
 #          waitckpt    until the ckpt part has written the checkpoint (a second chain's first part)
 #          gputest     pytest -m gpu tests/training/test_packing_gpu.py into $ROOT/gputest.log
 # Every run is stopped after RUN_CAP_S seconds (default 900; SIGINT, then SIGKILL 30 s later).
-#          report      benchmarks/gpu/issue19_report.py over $ROOT -> $ROOT/report.json, report.md
+#          report      benchmarks/gpu/experiment_report.py over $ROOT -> $ROOT/report.json, report.md
 #          bg PART...  the parts in order, detached (setsid), progress in $ROOT/progress.log; CHAIN=b bg PART... starts a
 #                      second chain beside the first (both share the GPU); `wait` waits for every chain
 #          wait S      until the detached parts finish or S seconds pass; then report, and logs to $OUT
@@ -90,11 +90,11 @@ part() {
     ray) run ray experiment=$MEG cluster.backend=ray $I22 ;;
     local) run local experiment=$MEG $I22 ;;
     ray-resume) run ray-resume experiment=$MEG cluster.backend=ray $I22 load=$ROOT/ray/checkpoints/rollout_000009 ;;
-    mix)  # issue 24's length-mix bench rows (benchmarks/gpu/issue24_mix.sh), results into $ROOT/mix
-      mkdir -p "$ROOT/mix"; OUT=$ROOT/mix bash benchmarks/gpu/issue24_mix.sh > "$ROOT/mix/run.log" 2>&1
+    mix)  # issue 24's length-mix bench rows (benchmarks/gpu/length_mix.sh), results into $ROOT/mix
+      mkdir -p "$ROOT/mix"; OUT=$ROOT/mix bash benchmarks/gpu/length_mix.sh > "$ROOT/mix/run.log" 2>&1
       echo "[$(date +%T)] mix: exit $?" | tee -a "$ROOT/progress.log" ;;
     report)
-      python3 benchmarks/gpu/issue19_report.py "$ROOT" --resumed-at "${RESUMED_AT:-20}" --json "$ROOT/report.json" > "$ROOT/report.md" 2> "$ROOT/report.err"
+      python3 benchmarks/gpu/experiment_report.py "$ROOT" --resumed-at "${RESUMED_AT:-20}" --json "$ROOT/report.json" > "$ROOT/report.md" 2> "$ROOT/report.err"
       echo "[$(date +%T)] report: exit $?" | tee -a "$ROOT/progress.log" ;;
     slim)  # after both megatron runs are read: drop the big checkpoint files (state.pt with the history stays)
       rm -rf "$ROOT"/megatron*/checkpoints/rollout_*/megatron "$ROOT"/megatron*/checkpoints/rollout_*/model.safetensors ;;

@@ -1,6 +1,6 @@
-"""Issue 19 part 2: figures from the runs of benchmarks/gpu/issue19_experiments.sh (or any run laid out the same).
+"""Issue 19 part 2: figures from the runs of benchmarks/gpu/experiment_curves.sh (or any run laid out the same).
 
-    python3 benchmarks/gpu/issue19_report.py ROOT [--json OUT.json]
+    python3 benchmarks/gpu/experiment_report.py ROOT [--json OUT.json]
 
 ROOT holds one directory per run (megatron, megatron-resume, torch, torch-resume, offload; issue 22: ray, local,
 ray-resume), each with the run's

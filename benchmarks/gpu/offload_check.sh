@@ -7,7 +7,7 @@
 # 4 (reward > 0, responses below the 6-token cap), not all at the cap with reward 0 (what part 3 saw before the fix).
 # Cut to fit a small device budget: no random-checkpoint step (model.hf_checkpoint=null: the trainer's random init is
 # what the engine loads), no CUDA graphs, a warm start of 100-240 steps.
-#   usage (repo root, on the machine): bash benchmarks/gpu/issue19_offload_check.sh [SECONDS]
+#   usage (repo root, on the machine): bash benchmarks/gpu/offload_check.sh [SECONDS]
 set -uo pipefail
 t0=$SECONDS
 ROOT=${ROOT:-/tmp/i19}
@@ -43,7 +43,7 @@ rc=$?
 set +x
 printf '{"start": %s, "end": %s, "rc": %d}\n' "$start" "$(date +%s.%N)" "$rc" > "$dir/launch.json"
 echo "offload run: exit $rc, $((SECONDS - t0)) s since the call began"
-python3 benchmarks/gpu/issue19_report.py "$ROOT" --json "$OUTD/report.json" > "$OUTD/report.md" 2> "$OUTD/report.err"
+python3 benchmarks/gpu/experiment_report.py "$ROOT" --json "$OUTD/report.json" > "$OUTD/report.md" 2> "$OUTD/report.err"
 cp "$dir/run.log" "$OUTD/" 2>/dev/null
 find "$dir" -name '*.log' -path '*sglang*' -exec tail -n 40 {} \; > "$OUTD/engine_tail.log" 2>/dev/null
 python3 - "$OUTD/report.json" <<'PY'
