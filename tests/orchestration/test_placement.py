@@ -1,4 +1,4 @@
-"""Issue 23: the placement group's wait has a deadline. Another job holds every CPU of a real local Ray cluster,
+"""The placement group's wait has a deadline. Another job holds every CPU of a real local Ray cluster,
 so the run's placement group (valid for the cluster's size) cannot be scheduled; create_placement_group gives up
 at cluster.placement_timeout_s with a UserError (exit 2) naming the key, what it asked for and what is free, and
 removes the pending group instead of leaving it queued."""
