@@ -1,4 +1,5 @@
-"""(GPU) train_mode=sync vs train_mode=async with the SGLang rollout on one GPU (issue 8's H200 comparison).
+"""(GPU) train_mode=sync vs train_mode=async with the SGLang rollout on one GPU (the H200
+comparison in docs/gpu_results.md).
 
 What runs: the real engine loop (`engine/loop.py`, its feeds in `engine/feeds.py`) over components from
 `app/build.py`, in one process. The SGLang engine (server + sglang-router, colocated with the torch
@@ -23,7 +24,7 @@ rollout's set-up), the engine's own log lines for weight load and CUDA graph cap
 rollout the loops' perf/* metrics (async also `perf/rollout_generate_s`, the generation that overlaps
 training), reward, response length, weight-version lag, and the GPU's utilisation sampled by nvidia-smi.
 
-Figures (H200, 2026-12-01): docs/gpu_results.md, issue 8 (sync/async 1.33x; why not 1.5x on one GPU).
+Figures (H200, 2026-12-01): docs/gpu_results.md, "train_mode=sync vs async" (sync/async 1.33x; why not 1.5x on one GPU).
 Run (GPU machine): python3 -m benchmarks.bench_async_sglang --out $OUT [--lr 1e-3] (`bench_sglang_gpu all --parts pair`)
 CPU check of the same path: .venv/bin/python -m benchmarks.bench_async_sglang --smoke --rollouts 2
 """

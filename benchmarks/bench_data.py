@@ -1,4 +1,4 @@
-"""`make bench-data`: prompt data at scale, in-memory vs streaming vs streaming with workers (issue 25).
+"""`make bench-data`: prompt data at scale, in-memory vs streaming vs streaming with workers.
 
 Generates N chat-format rows locally (default 10M, about 0.8 GB; --rows for fewer), then, each mode in a
 fresh process (so its peak memory is its own):

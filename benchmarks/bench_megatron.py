@@ -43,7 +43,7 @@ ROWS = [  # (backend, model option, micro-batch, global batch, overrides); torch
     ("torch", "qwen3_0_6b", 8, 16, ()),
     ("megatron", "qwen3_0_6b", 8, 16, BEST),
     ("torch", "qwen3_4b", 4, 8, ("recompute",)),
-    ("megatron", "qwen3_4b", 4, 8, BEST),  # micro-batch 4 without recompute: 98 GiB (session 4: 2, V1)
+    ("megatron", "qwen3_4b", 4, 8, BEST),  # micro-batch 4 without recompute: 98 GiB (before the fused kernels: 2, V1)
 ]
 VARIANTS = [  # megatron, qwen3_4b, global batch --global-batch-4b: (micro-batch, overrides)
     (2, EAGER),  # the compile parity partner of the 4B default row
@@ -55,7 +55,7 @@ VARIANTS = [  # megatron, qwen3_4b, global batch --global-batch-4b: (micro-batch
     (2, V1 + ("train.megatron.compile_log_probs=true",)),  # 5
     (2, BEST),  # 6
     (4, BEST),  # 7: no recompute (now the default 4B row)
-    (2, V1),  # 8: session 4's default 4B row; the compile parity partner of 5
+    (2, V1),  # 8: the earlier default 4B row (V1 alone); the compile parity partner of 5
 ]
 
 

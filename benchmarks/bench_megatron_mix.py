@@ -1,5 +1,5 @@
 """`python -m benchmarks.bench_megatron --mix` (GPU): the megatron backend on a realistic RL length mix, padded vs
-packed vs packed + token budget (issue 24).
+packed vs packed + token budget (how much packing and a token budget per micro-batch gain).
 
 The mix ("rl", seed 0): one RL step of `--mix-global-batch` samples (64) from prompts of 8 samples each; a prompt's
 length uniform in [64, 512] tokens (its 8 samples share it), each response log-normal with median 700 and sigma 1

@@ -345,7 +345,7 @@ def main() -> None:
         shutil.copy(done, out / done.name)
     if all((state / f"{n}.json").exists() for n in ("sync", "async")):
         s, a = (json.loads((state / f"{n}.json").read_text())["step_time_mean_after_first_s"] for n in ("sync", "async"))
-        print(f"\nissue 8: wall time per rollout (mean after the first): sync {s:.2f} s, async {a:.2f} s, "
+        print(f"\nsync vs async: wall time per rollout (mean after the first): sync {s:.2f} s, async {a:.2f} s, "
               f"sync/async {s / a:.2f}x")
 
 

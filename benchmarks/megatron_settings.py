@@ -1,12 +1,12 @@
 """What the megatron benchmarks share: the H200's bf16 matmul rate the MFU figures divide by, the best settings
-found on it (docs/gpu_results.md, issue 4), and the FLOPs of a token (bench_megatron's docstring)."""
+found on it (docs/gpu_results.md, "Megatron trainer throughput"), and the FLOPs of a token (bench_megatron's docstring)."""
 
 from __future__ import annotations
 
 PEAK = 790e12
-# session 4's 4B winner: torch.compile of each layer, bf16 gradient buffers
+# the first 4B winner: torch.compile of each layer, bf16 gradient buffers
 V1 = ("train.megatron.compile_layers=true", "train.megatron.grad_reduce_in_fp32=false")
-# + session 5's (profile: eager fp32 log-prob passes ~160 ms and foreach AdamW ~76 ms of a 1.17 s step):
+# + what a profile of V1 then found (eager fp32 log-prob passes ~160 ms and foreach AdamW ~76 ms of a 1.17 s step):
 # fused log-prob kernels, torch's fused AdamW
 BEST = V1 + ("train.megatron.compile_log_probs=true", "train.adam_impl=fused")
 

@@ -1,4 +1,5 @@
-"""Repeat tests/rollout/sglang/test_backend.py's learning run to measure its spread (issue 23: bounds from distributions).
+"""Repeat tests/rollout/sglang/test_backend.py's learning run to measure its spread (so the test's bounds
+come from a measured distribution, not from one run).
 
 Each repetition is its own process (fresh engines and router) running the test's fixture config; one JSON line
 per run: the held-out accuracy before and after, and the training reward of every rollout.

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# On the H200 machine, from the repo root: install sglang 0.5.17 (if the call carries .sgl/10 and the parts
-# are in /tmp/sgl-parts; ../shared/tools/sglang-h200/README.md) and the project's missing pure-Python
+# On one GPU (written for an H200), from the repo root: install sglang 0.5.17 unless it is already in /tmp/sgl-site
+# (with .sgl/10/install.sh, which reassembles the parts in /tmp/sgl-parts) and the project's missing pure-Python
 # dependencies (.gpuwhl: hydra-core, omegaconf, antlr4, math-verify, latex2sympy2_extended), then run
-# `benchmarks.bench_sglang_gpu all` until the call's time is nearly spent. Parts done in an earlier call on
-# the same (still warm) machine are skipped, so calling this again finishes the rest.
-#   usage: [PARTS=grpo,sync,async,pair] bash benchmarks/gpu/h200.sh [call seconds, default 600]
-#   issue 8's sync vs async in one process, one engine start: PARTS=pair (benchmarks/bench_async_sglang.py)
+# `benchmarks.bench_sglang_gpu all` until the given seconds are nearly spent. Parts already done on this machine
+# (results kept in /tmp/slime_gpu_state) are skipped, so running this again finishes the rest.
+#   usage: [PARTS=grpo,sync,async,pair] bash benchmarks/gpu/h200.sh [seconds, default 600]
+#   train_mode=sync vs async in one process, one engine start: PARTS=pair (benchmarks/bench_async_sglang.py)
 set -uo pipefail
 limit=${1:-600}
 out=${OUT:-bench_out/sglang_gpu}
 mkdir -p "$out"
 if ! [ -f /tmp/sgl-site/sglang/version.py ]; then
-  [ -f .sgl/10/install.sh ] || { echo "sglang is not installed and .sgl/10 was not carried"; exit 3; }
+  [ -f .sgl/10/install.sh ] || { echo "sglang is not installed and .sgl/10/install.sh is missing"; exit 3; }
   bash .sgl/10/install.sh || exit 3
 fi
 if ! [ -d /tmp/site/hydra ]; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 19 on the H200: the Qwen3-0.6B shape in bf16 through train=megatron saves, resumes, and the resumed rollouts
-# match the uninterrupted ones (local rollout: no SGLang needed). Carry .whl (megatron-core 0.16.1 cp312) and .gpuwhl.
+# On one GPU: the Qwen3-0.6B shape in bf16 through train=megatron saves, resumes, and the resumed rollouts
+# match the uninterrupted ones (local rollout: no SGLang needed). Needs .whl (megatron-core 0.16.1 cp312) and .gpuwhl in the repo root.
 #   usage: bash benchmarks/gpu/megatron_bf16_resume.sh [extra overrides]
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpuwhl/*.whl .whl/*.whl || exit 3

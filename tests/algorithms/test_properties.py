@@ -4,8 +4,8 @@ Each test states its property in its name. Inputs are bounded so that the whole 
 seconds: rewards on a 1/4 grid in [-16, 16] where a property compares two computations (the grid keeps
 r + c and 2^k r exact in float32 and float64, and a non-tied group's std >= 0.25 / sqrt(8) = 0.088),
 any finite float in [-1e3, 1e3] where only finiteness or exact zeros are claimed; log-probs in [-20, 0].
-Tolerances are derived in the comments next to them. Also here: the two inputs of issue 21 (tied
-float rewards; constant advantages whitened), which slime and verl turn into 0.316 and NaN.
+Tolerances are derived in the comments next to them. Also here: the two inputs that slime and verl turn into 0.316 and NaN (tied
+float rewards; constant advantages whitened).
 """
 
 from __future__ import annotations

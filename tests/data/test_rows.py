@@ -166,7 +166,7 @@ def test_cli_skip_trains_on_the_good_rows_and_logs_the_count(workdir):
 
 
 def test_shipped_eval_sets_keep_their_keys_when_the_training_data_uses_others(tmp_path):
-    """Issue 25: a chat-format training file with data.input_key=question data.label_key=answer; the embedded
+    """A chat-format training file with data.input_key=question data.label_key=answer; the embedded
     eval set (prompt/label) names its own keys, so it still loads; an eval file that lacks them names its key
     and eval=none as the fixes."""
     from slime_hydra.app.inputs import build_eval_sets, load_data
@@ -186,7 +186,7 @@ def test_shipped_eval_sets_keep_their_keys_when_the_training_data_uses_others(tm
 
 
 def test_a_chat_training_file_with_its_own_keys_leaves_the_eval_sets_their_own(tmp_path):
-    """Issue 25 as a new user meets it: chat-format training rows read with data.input_key=question
+    """A new user's chat-format data: training rows read with data.input_key=question
     data.label_key=answer data.metadata_key=meta; the shipped eval set keeps prompt/label/metadata, a user's eval
     set names its own keys (unset ones inherit data.*), and a bad eval row names that eval set's key."""
     from slime_hydra.app.inputs import build_eval_sets, load_data

@@ -1,4 +1,4 @@
-"""data.streaming, data.num_workers and Hugging Face datasets (issue 25): order, resume, workers, memory, errors.
+"""data.streaming, data.num_workers and Hugging Face datasets at scale: order, resume, workers, memory, errors.
 
 Order against the in-memory source (data/stream.py says why a buffer smaller than the data set cannot
 give the in-memory permutation): equal with a buffer that holds the file or with shuffling off; with a

@@ -1,4 +1,4 @@
-"""Nothing hangs silently: the stall watchdog and the custom reward's deadline (issue 23).
+"""Nothing hangs silently: the stall watchdog and the custom reward's deadline.
 
 The watchdog is tested in-process with a scripted step counter (deadlines derived by hand below) and through
 the real CLI with a custom reward that never returns after rollout 2: exit 3, the message names the dump,

@@ -203,7 +203,7 @@ def test_ray_ppo_matches_in_process_ppo(ray_cluster, tmp_path):
 
 
 def test_ray_refuses_what_it_cannot_drive_at_validation(workdir):
-    """What Ray does not drive yet (issue 22: on GPUs, the update group of disaggregated SGLang engines when megatron
+    """What Ray does not drive yet (on GPUs, the update group of disaggregated SGLang engines when megatron
     splits the model into pipeline stages, so that the driver would have to open it; SGLang on several nodes) stops the
     run at validation with exit 2, every key named at once, before Ray starts and before any data or model loads.
     Megatron ranks with SGLang engines (tests/orchestration/test_megatron_sglang.py), each on its own

@@ -1,4 +1,5 @@
-"""Every blocking step has a deadline (issue 23): Ray actor calls, torch.distributed, the async rollout queue.
+"""Every blocking step has a deadline, so a lost peer fails the run instead of hanging it: Ray actor calls,
+torch.distributed, the async rollout queue.
 
 Real parts throughout: a local Ray cluster (2 CPUs, no dashboard) with actors that sleep past the timeout or are
 killed with SIGKILL; the real train group (2 gloo ranks of the tiny model) with one rank left alone in an

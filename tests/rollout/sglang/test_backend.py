@@ -64,7 +64,7 @@ def test_weight_sync_mode_is_checked_before_anything_starts():
 RUN = ["logger=none", "logger.progress_bar=false", "eval.eval_interval=null", "train.lr_decay_style=constant",
        "cluster.device=cpu",
        # a fixed warm start (the experiment's 280 steps now land at held-out 0.165, where 30 rollouts moved it only
-       # +0.03 to +0.09: the failure of issue 23); the SFT steps run on the trainer, so the start is deterministic:
+       # +0.03 to +0.09, below the old bound of +0.1025); the SFT steps run on the trainer, so the start is deterministic:
        # 0.455 in every repetition below, through the engines as through the local backend
        "warmstart.steps=340"]
 NUM_ROLLOUT = 50
@@ -80,7 +80,7 @@ NUM_ROLLOUT = 50
 # a frozen build fails it always) and the fitted reward rise must reach 0.03 (a working build: 4 sd below the
 # mean; a build that does not learn passes it with probability ~8%, (0.03 + 0.003) / 0.024 = 1.4 sd).
 # Before (30 rollouts from the experiment's 280-step warm start, held-out 0.165): +0.09 and +0.03 against a
-# bound of +0.1025, the CI failure of issue 23.
+# bound of +0.1025 set from a single run, and CI failed on it.
 EVAL_RISE_MIN = 0.0  # strict: last > first
 REWARD_RISE_MIN = 0.03
 

@@ -1,4 +1,4 @@
-"""A weight-sync request and a generate request that never get an answer (issue 23's fault cases): a real HTTP
+"""A weight-sync request and a generate request that never get an answer (an engine that hangs): a real HTTP
 server on loopback accepts them and stays silent; each wait ends at its key's deadline with a RunError (exit 3)
 naming the request and the key, not a bare httpx traceback and not a hang."""
 

@@ -1,4 +1,4 @@
-"""Weight sync by size, whatever the dtypes; the sync's request count and seconds reach the tracker (issue 19).
+"""Weight sync by size, whatever the dtypes; the sync's request count and seconds reach the tracker.
 
 A megatron export interleaves float32 norms with bf16 matrices layer by layer; buckets that broke at every
 dtype change made one request per dtype run (114 instead of 3 for Qwen3-0.6B). Now each tensor is cast to

@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
-# Issue 19 part 4 on the H200, in one device call after the nine .sgl/NN copies (../shared/tools/sglang-h200/):
-# install sglang 0.5.17 (.sgl/10) and the project's missing pure-Python wheels (.gpuwhl), then check commit efda410
-# (a generation after a memory release with no weight sync since re-sends the last synced weights): the torch 0.6B
-# experiment with the engine's memory released around every generation, an eval every 2 rollouts, so rollouts 1 and 3
-# each follow an eval (release, no sync) and rollouts 2 and 4 follow a sync. Pass: rollouts 1 and 3 answer like 2 and
-# 4 (reward > 0, responses below the 6-token cap), not all at the cap with reward 0 (what part 3 saw before the fix).
-# Cut to fit a small device budget: no random-checkpoint step (model.hf_checkpoint=null: the trainer's random init is
+# The memory-release check on one GPU, in one command: install sglang 0.5.17 (from .sgl/10/install.sh unless already
+# installed) and the project's pure-Python wheels (.gpuwhl), then check that a generation after a memory release with
+# no weight sync since re-sends the last synced weights: the torch 0.6B experiment with the engine's memory released
+# around every generation, an eval every 2 rollouts, so rollouts 1 and 3 each follow an eval (release, no sync) and
+# rollouts 2 and 4 follow a sync. Pass: rollouts 1 and 3 answer like 2 and 4 (reward > 0, responses below the 6-token
+# cap), not all at the cap with reward 0 (what a release without the re-send gives).
+# Cut to fit a short time limit: no random-checkpoint step (model.hf_checkpoint=null: the trainer's random init is
 # what the engine loads), no CUDA graphs, a warm start of 100-240 steps.
-#   usage (repo root, on the machine): bash benchmarks/gpu/issue19_offload_check.sh [SECONDS]
+#   usage (repo root, on the GPU machine): bash benchmarks/gpu/offload_check.sh [SECONDS]
 set -uo pipefail
 t0=$SECONDS
-ROOT=${ROOT:-/tmp/i19}
+ROOT=${ROOT:-/tmp/experiment_curves}
 OUTD=${OUT:-/tmp/out}
 mkdir -p "$ROOT" "$OUTD"
-# Since 35bd463 every run imports mlflow at Hydra start (conf/config.yaml's hydra.callbacks.mlflow_sweep ->
-# orchestration/sweep.py -> tracking/mlflow_tracker.py), and the H200 image has no mlflow: without it a run stops in
-# 9 s with "Error locating target 'slime_hydra.orchestration.sweep.MlflowSweepCallback'" (part 4, call 10). These
-# runs log to TensorBoard, so an import-only stand-in does (the names mlflow_tracker.py imports, nothing else).
+# Every run imports mlflow at Hydra start (conf/config.yaml's hydra.callbacks.mlflow_sweep -> orchestration/sweep.py
+# -> tracking/mlflow_tracker.py): on a machine without mlflow a run stops in 9 s with "Error locating target
+# 'slime_hydra.orchestration.sweep.MlflowSweepCallback'". These runs log to TensorBoard, so an import-only stand-in
+# does (the names mlflow_tracker.py imports, nothing else).
 mlflow_stub() {
   python3 -c "import mlflow" 2>/dev/null && return 0
   local s=/tmp/site/mlflow
@@ -43,7 +43,7 @@ rc=$?
 set +x
 printf '{"start": %s, "end": %s, "rc": %d}\n' "$start" "$(date +%s.%N)" "$rc" > "$dir/launch.json"
 echo "offload run: exit $rc, $((SECONDS - t0)) s since the call began"
-python3 benchmarks/gpu/issue19_report.py "$ROOT" --json "$OUTD/report.json" > "$OUTD/report.md" 2> "$OUTD/report.err"
+python3 benchmarks/gpu/experiment_report.py "$ROOT" --json "$OUTD/report.json" > "$OUTD/report.md" 2> "$OUTD/report.err"
 cp "$dir/run.log" "$OUTD/" 2>/dev/null
 find "$dir" -name '*.log' -path '*sglang*' -exec tail -n 40 {} \; > "$OUTD/engine_tail.log" 2>/dev/null
 python3 - "$OUTD/report.json" <<'PY'

@@ -1,9 +1,9 @@
-"""Issue 19 part 2: figures from the runs of benchmarks/gpu/issue19_experiments.sh (or any run laid out the same).
+"""Figures from the runs of benchmarks/gpu/experiment_curves.sh (or any run laid out the same).
 
-    python3 benchmarks/gpu/issue19_report.py ROOT [--json OUT.json]
+    python3 benchmarks/gpu/experiment_report.py ROOT [--json OUT.json]
 
-ROOT holds one directory per run (megatron, megatron-resume, torch, torch-resume, offload; issue 22: ray, local,
-ray-resume), each with the run's
+ROOT holds one directory per run (megatron, megatron-resume, torch, torch-resume, offload; ray, local, ray-resume:
+Ray against one process; megatron-thd, torch-thd: packed by a token budget), each with the run's
 output_dir contents (checkpoints/, tensorboard/) and launch.json ({"start": epoch s, "end": epoch s, "rc": exit
 code}) written by the script. Read back:
 - the metric history from the newest checkpoint's state.pt ("history": [(step, {metric: value})]); a run without a
@@ -184,12 +184,12 @@ def main() -> None:
     for base in ("megatron", "torch", "ray"):
         if base in hists and f"{base}-resume" in hists:
             report[f"{base}-resume"]["vs_full"] = compare(hists[base], hists[f"{base}-resume"], args.resumed_at)
-    if "median" in report.get("ray", {}) and "median" in report.get("local", {}):  # issue 22: ray / local, per column
+    if "median" in report.get("ray", {}) and "median" in report.get("local", {}):  # the cost of Ray: ray / local, per column
         ray, local = report["ray"]["median"], report["local"]["median"]
         report["ray_over_local"] = {k: ray[k] / local[k] for k in ray if ray.get(k) and local.get(k)}
         report["ray_over_local"]["startup_s"] = ((report["ray"]["startup"].get("startup_s") or 0)
                                                  / (report["local"]["startup"].get("startup_s") or float("nan")))
-    for base in ("megatron", "torch"):  # issue 24: packed + token budget (thd) beside the padded (bshd) run
+    for base in ("megatron", "torch"):  # packed + token budget (thd) beside the padded (bshd) run
         if base in hists and f"{base}-thd" in hists:
             b, t = report[base]["median"], report[f"{base}-thd"]["median"]
             report[f"{base}-thd"]["vs_bshd"] = {

@@ -1,41 +1,42 @@
 #!/usr/bin/env bash
-# Issue 19 part 2 on the H200: both shipped 1n1g experiments (megatron and torch) through the CLI for 40 rollouts
-# (save every 20, every weight sync checked, held-out eval every 10), each resumed from its rollout-20 checkpoint
-# to 40, then a short torch run with the engine's memory released around training (commit efda410's fix).
-#   usage: bash benchmarks/gpu/issue19_experiments.sh PART...   (from the repo root, on the H200 machine)
-#   parts: setup       pip-install .gpuwhl and .whl into /tmp/site (and sglang from .sgl/10 when carried)
+# The shipped 1n1g experiments (megatron and torch) through the CLI on one GPU, as detached parts: 40 rollouts each
+# (save every 20, every weight sync checked, held-out eval every 10), each resumed from its rollout-20 checkpoint to
+# 40, then a short torch run with the engine's memory released around training (a generation after a release with no
+# sync since must re-send the last synced weights).
+#   usage: bash benchmarks/gpu/experiment_curves.sh PART...   (from the repo root, on the GPU machine)
+#   parts: setup       pip-install .gpuwhl and .whl into /tmp/site (and sglang from .sgl/10 when present)
 #          ckpt        the random HF checkpoint the experiments' model.hf_checkpoint names
 #          megatron | megatron-resume | torch | torch-resume | offload    one run each, into $ROOT/<part>
-#          ray | local | ray-resume   issue 22: the megatron experiment under cluster.backend=ray and in one process
+#          ray | local | ray-resume   the megatron experiment under cluster.backend=ray and in one process
 #                      (20 rollouts, a short warm start, save every 10, every sync checked), the ray run resumed from 10
-#          mix         issue 24: benchmarks/gpu/issue24_mix.sh into $ROOT/mix
-#          megatron-thd | torch-thd   issue 24: the 40-rollout runs with packed micro-batches by a token budget
+#          mix         the length-mix bench rows: benchmarks/gpu/length_mix.sh into $ROOT/mix
+#          megatron-thd | torch-thd   the 40-rollout runs with packed micro-batches by a token budget
 #                      ($PACK), beside the bshd runs `megatron` and `torch` for the learning curves
 #          waitckpt    until the ckpt part has written the checkpoint (a second chain's first part)
 #          gputest     pytest -m gpu tests/training/test_packing_gpu.py into $ROOT/gputest.log
 # Every run is stopped after RUN_CAP_S seconds (default 900; SIGINT, then SIGKILL 30 s later).
-#          report      benchmarks/gpu/issue19_report.py over $ROOT -> $ROOT/report.json, report.md
+#          report      benchmarks/gpu/experiment_report.py over $ROOT -> $ROOT/report.json, report.md
 #          bg PART...  the parts in order, detached (setsid), progress in $ROOT/progress.log; CHAIN=b bg PART... starts a
 #                      second chain beside the first (both share the GPU); `wait` waits for every chain
 #          wait S      until the detached parts finish or S seconds pass; then report, and logs to $OUT
-# The machine keeps /tmp only while warm (30 s after each call): issue each `wait` call right after the last one
-# returns, or the next call lands on a fresh, bare machine (it did once here: the torch runs were lost).
-# sglang 0.5.17 comes from ../shared/tools/sglang-h200/ (calls 1-9 copy .sgl/NN into /tmp/sgl-parts).
+# The parts run detached so that a shell with a time limit per command can start them and collect them with `wait`;
+# they need /tmp to survive between those commands.
+# sglang 0.5.17 must be importable: installed beforehand, or by `setup` from .sgl/10/install.sh when that file exists.
 set -uo pipefail
-ROOT=${ROOT:-/tmp/i19}
+ROOT=${ROOT:-/tmp/experiment_curves}
 MEG=grpo/qwen3-0.6b-addition-1n1g-megatron-sglang-colocate-v1
 TOR=grpo/qwen3-0.6b-addition-1n1g-torch-sglang-colocate-v1
 COMMON="num_rollout=40 save_interval=20 rollout.check_weight_update_equal=true logger=tensorboard logger.progress_bar=false"
-I22="model.hf_checkpoint=$PWD/outputs/hf/qwen3-0.6b-char-random-seed1234 num_rollout=20 save_interval=10 eval.eval_interval=10 warmstart.steps=200 warmstart.min_steps=200 rollout.check_weight_update_equal=true logger=tensorboard logger.progress_bar=false"
+SHORT="model.hf_checkpoint=$PWD/outputs/hf/qwen3-0.6b-char-random-seed1234 num_rollout=20 save_interval=10 eval.eval_interval=10 warmstart.steps=200 warmstart.min_steps=200 rollout.check_weight_update_equal=true logger=tensorboard logger.progress_bar=false"
 PACK="train.qkv_format=thd train.use_dynamic_batch_size=true train.max_tokens_per_gpu=8192"
 CKPT=$PWD/outputs/hf/qwen3-0.6b-char-random-seed1234
 mkdir -p "$ROOT"
 export PYTHONPATH=/tmp/sgl-site:/tmp/sgl-sc:/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
-# Since 35bd463 every run imports mlflow at Hydra start (conf/config.yaml's hydra.callbacks.mlflow_sweep ->
-# orchestration/sweep.py -> tracking/mlflow_tracker.py), and the H200 image has no mlflow: without it a run stops in
-# 9 s with "Error locating target 'slime_hydra.orchestration.sweep.MlflowSweepCallback'" (part 4, call 10). These
-# runs log to TensorBoard, so an import-only stand-in does (the names mlflow_tracker.py imports, nothing else).
+# Every run imports mlflow at Hydra start (conf/config.yaml's hydra.callbacks.mlflow_sweep -> orchestration/sweep.py
+# -> tracking/mlflow_tracker.py): on a machine without mlflow a run stops in 9 s with "Error locating target
+# 'slime_hydra.orchestration.sweep.MlflowSweepCallback'". These runs log to TensorBoard, so an import-only stand-in
+# does (the names mlflow_tracker.py imports, nothing else).
 mlflow_stub() {
   python3 -c "import mlflow" 2>/dev/null && return 0
   local s=/tmp/site/mlflow
@@ -87,14 +88,14 @@ part() {
       run offload experiment=$TOR cluster.offload_rollout=true +rollout.sglang.enable_memory_saver=true \
         num_rollout=26 eval.eval_interval=2 save_interval=null rollout.check_weight_update_equal=true logger=tensorboard \
         logger.progress_bar=false load=$ROOT/torch/checkpoints/rollout_000019 ;;
-    ray) run ray experiment=$MEG cluster.backend=ray $I22 ;;
-    local) run local experiment=$MEG $I22 ;;
-    ray-resume) run ray-resume experiment=$MEG cluster.backend=ray $I22 load=$ROOT/ray/checkpoints/rollout_000009 ;;
-    mix)  # issue 24's length-mix bench rows (benchmarks/gpu/issue24_mix.sh), results into $ROOT/mix
-      mkdir -p "$ROOT/mix"; OUT=$ROOT/mix bash benchmarks/gpu/issue24_mix.sh > "$ROOT/mix/run.log" 2>&1
+    ray) run ray experiment=$MEG cluster.backend=ray $SHORT ;;
+    local) run local experiment=$MEG $SHORT ;;
+    ray-resume) run ray-resume experiment=$MEG cluster.backend=ray $SHORT load=$ROOT/ray/checkpoints/rollout_000009 ;;
+    mix)  # the length-mix bench rows (benchmarks/gpu/length_mix.sh), results into $ROOT/mix
+      mkdir -p "$ROOT/mix"; OUT=$ROOT/mix bash benchmarks/gpu/length_mix.sh > "$ROOT/mix/run.log" 2>&1
       echo "[$(date +%T)] mix: exit $?" | tee -a "$ROOT/progress.log" ;;
     report)
-      python3 benchmarks/gpu/issue19_report.py "$ROOT" --resumed-at "${RESUMED_AT:-20}" --json "$ROOT/report.json" > "$ROOT/report.md" 2> "$ROOT/report.err"
+      python3 benchmarks/gpu/experiment_report.py "$ROOT" --resumed-at "${RESUMED_AT:-20}" --json "$ROOT/report.json" > "$ROOT/report.md" 2> "$ROOT/report.err"
       echo "[$(date +%T)] report: exit $?" | tee -a "$ROOT/progress.log" ;;
     slim)  # after both megatron runs are read: drop the big checkpoint files (state.pt with the history stays)
       rm -rf "$ROOT"/megatron*/checkpoints/rollout_*/megatron "$ROOT"/megatron*/checkpoints/rollout_*/model.safetensors ;;
@@ -109,9 +110,9 @@ case ${1:-} in
     setsid bash -c "for p in $*; do bash $0 \$p; done; touch $ROOT/done${CHAIN:-}" > "$ROOT/bg${CHAIN:-}.log" 2>&1 < /dev/null &
     echo $! > "$ROOT/bg${CHAIN:-}.pid"
     echo "started: $*" ;;
-  wait)  # a machine that went back between calls comes back bare: no bg.pid, so this returns at once
+  wait)  # a machine whose /tmp was wiped has no bg.pid, so this returns at once
     limit=${2:-540}
-    [ -f "$ROOT/bg.pid" ] || echo "no detached parts on this machine (a fresh one? /tmp is empty after a give-back)"
+    [ -f "$ROOT/bg.pid" ] || echo "no detached parts on this machine (a fresh one? /tmp is empty)"
     running() { local f; for f in "$ROOT"/bg*.pid; do [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null && return 0; done; return 1; }
     while running && [ $SECONDS -lt "$limit" ]; do sleep 5; done
     part report
