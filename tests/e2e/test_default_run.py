@@ -10,6 +10,7 @@ import torch
 
 from slime_hydra.app.preflight import compose_run
 from slime_hydra.app.session import run_session
+from tests.support.learning import report
 from tests.support.runs import FAST, mlflow_db, run_cli
 
 PERF = "perf/"
@@ -31,6 +32,7 @@ def test_short_run_raises_reward_and_accuracy(learned_run):
     work, _, proc = learned_run
     summary = json.loads((work / "run" / "summary.json").read_text())
     acc = summary["eval/addition/accuracy"]
+    report("default_run", eval_first=acc["first"], eval_last=acc["last"], eval_rise=acc["last"] - acc["first"])
     assert acc["count"] == 3  # before the first rollout, after 50 and after 100
     assert acc["first"] <= 0.5, acc  # the warm start leaves the work to RL (<= 0.5 at the first eval, so the rise is RL's)
     assert acc["last"] >= acc["first"] + 0.1, acc

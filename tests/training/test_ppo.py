@@ -9,6 +9,7 @@ from torch.testing import assert_close
 from slime_hydra.algorithms.advantages import ppo_advantages
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.training.torch_backend import TorchTrainBackend
+from tests.support.learning import report
 from tests.support.tiny import CPU, MAX_LEN, TOK, base_model, samples
 from tests.support.trainers import algo_advantages, torch_backend
 
@@ -66,6 +67,7 @@ def test_critic_learns_its_returns_and_first_step_metrics():
     # zero values and returns R in {0, 1} on every response token: 0.5 * mean over samples of
     # R^2 = 0.5 * 5/8 (five of the eight samples are rewarded)
     assert abs(losses[0] - 0.5 * 5 / 8) < 1e-9
+    report("torch_critic", value_loss_first=losses[0], value_loss_last=losses[-1], value_loss_ratio=losses[-1] / losses[0])
     assert losses[-1] < 0.25 * losses[0], losses  # the critic fits its targets
 
 

@@ -19,6 +19,7 @@ import pytest
 from slime_hydra.app.preflight import compose_run
 from slime_hydra.errors import ConfigError
 from slime_hydra.types import SamplingParams, Status
+from tests.support.learning import report
 
 pytestmark = pytest.mark.sglang
 
@@ -142,6 +143,8 @@ def test_grpo_through_sglang_learns_like_local(sglang_run):
     # the accuracy the engines gave (float32 both sides; only kernels differ: a few ties at most)
     here, _ = evaluate(LocalRollout(c.trainer.model, c.tokenizer, seed=cfg.seed), c.eval_sets, NUM_ROLLOUT, None)
     assert abs(here["eval/addition/accuracy"] - last) <= 0.03, (here["eval/addition/accuracy"], last)
+    report("sglang_grpo", eval_first=first, eval_last=last, eval_rise=last - first,
+           reward_fitted_rise=fitted_rise(rewards_of(history)))
     # and GRPO through them learns: held-out accuracy and the training reward's fitted rise, each above a bound
     # set from the repetitions above (see there: how often a working build fails it, and a frozen one passes)
     assert last - first > EVAL_RISE_MIN, eval_of(history)
