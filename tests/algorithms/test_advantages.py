@@ -13,11 +13,11 @@ from torch.testing import assert_close
 
 from slime_hydra.algorithms.advantages import (
     broadcast_to_tokens,
-    compute_advantages,
     group_normalize,
     grpo_advantages,
     masked_whiten,
 )
+from slime_hydra.algorithms.estimators import compute_advantages
 from slime_hydra.algorithms.reinforce import (
     discounted_returns,
     last_token_index,

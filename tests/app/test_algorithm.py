@@ -20,7 +20,8 @@ import torch
 
 from slime_hydra.algorithms import losses as L
 from slime_hydra.algorithms import surrogates as S
-from slime_hydra.algorithms.advantages import compute_advantages, ppo_advantages
+from slime_hydra.algorithms.advantages import ppo_advantages
+from slime_hydra.algorithms.estimators import ESTIMATORS, compute_advantages
 from slime_hydra.app.algorithm import algorithm_specs, run_specs
 from slime_hydra.app.preflight import compose_run
 from slime_hydra.config.plugins import load_target
@@ -219,9 +220,10 @@ def scaled_reward(rewards, mask, kl, group_size, scale=1.0):
 
 
 def valid(option: str, variant: str) -> bool:
-    """The combinations validation accepts (kl_coef needs a KL-shaped estimator; ppo takes no custom advantage)."""
-    grpo_like = option in ("grpo", "dr_grpo", "dapo", "gspo", "cispo")
-    return not ((variant == "kl_shaping" and grpo_like) or (variant == "custom" and option == "ppo"))
+    """The combinations validation accepts (kl_coef needs an estimator that reads the shaped KL; a critic estimator
+    takes no custom advantage)."""
+    row = ESTIMATORS[composed(option).algorithm.advantage_estimator]
+    return not ((variant == "kl_shaping" and not row.shaped_kl) or (variant == "custom" and row.critic))
 
 
 @pytest.mark.parametrize("option,variant", [(o, v) for o in OPTIONS for v in ADV_VARIANTS if valid(o, v)])
