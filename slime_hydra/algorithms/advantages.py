@@ -1,6 +1,6 @@
 """Reward post-processing, advantage estimators and whitening (slime semantics).
 
-GRPO-family estimators (grpo, gspo, cispo) give one scalar per sample, broadcast to every response
+GRPO-family estimators (grpo, gspo, cispo) and rloo give one scalar per sample, broadcast to every response
 token; REINFORCE++ variants give per-token values (`reinforce.py`); ppo gives GAE over the critic's
 values (`critic.py`). The `*_estimator` functions share one call, [N] rewards -> [N, T] advantages on
 the trainer's loss mask, and take their `algorithm.*` keys as keyword arguments of the same name; the
@@ -53,6 +53,20 @@ def grpo_advantages(rewards: Tensor, mask: Tensor, group_size: int, std_normaliz
     return broadcast_to_tokens(group_normalize(rewards, group_size, True, std_normalize), mask)
 
 
+def leave_one_out(rewards: Tensor, group_size: int) -> Tensor:
+    """RLOO (Kool et al. 2019; Ahmadian et al. 2024): r_i minus the mean of the other G - 1 rewards of its group,
+    which is G / (G - 1) * (r_i - mean_G r).
+
+    A tied group gets exactly 0 (`groups.centred_groups`); other groups get verl's compute_rloo_outcome_advantage
+    up to float rounding. A group of one has no other sample: its baseline is 0 and its advantage the raw reward,
+    as verl (validation refuses rloo with rollout.n_samples_per_prompt=1).
+    """
+    if group_size == 1:
+        return rewards.clone()  # [N]
+    r = rewards.view(-1, group_size)  # [B, G]
+    return (centred_groups(r) * (group_size / (group_size - 1))).reshape(-1)  # [B*G]
+
+
 def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
     """(v - mean) / sqrt(var + eps) with mean and var over every masked token of the batch.
 
@@ -92,6 +106,14 @@ def group_estimator(rewards: Tensor, mask: Tensor, kl: Optional[Tensor], group_s
     post-processing)."""
     std_normalize = rewards_normalization and grpo_std_normalization
     return broadcast_to_tokens(group_normalize(rewards.to(mask.dtype), group_size, rewards_normalization, std_normalize), mask)
+
+
+def rloo_estimator(rewards: Tensor, mask: Tensor, kl: Optional[Tensor], group_size: int, *,
+                   rewards_normalization: bool) -> Tensor:
+    """rloo: the leave-one-out advantage on every response token; the shaped KL is not applied (as the grpo family).
+    rewards_normalization=false gives raw rewards, as it does for every group baseline."""
+    r = rewards.to(mask.dtype)  # [N]
+    return broadcast_to_tokens(leave_one_out(r, group_size) if rewards_normalization else r, mask)  # [N, T]
 
 
 def reinforce_plus_plus_estimator(rewards: Tensor, mask: Tensor, kl: Optional[Tensor], group_size: int, *, kl_coef: float,

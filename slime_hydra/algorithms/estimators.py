@@ -50,6 +50,7 @@ ESTIMATORS: dict[str, AdvantageEstimator] = {
     "gspo": AdvantageEstimator(A.group_estimator, GROUP_KEYS, surrogate=S.gspo_loss, group_baseline=True),
     "cispo": AdvantageEstimator(A.group_estimator, GROUP_KEYS, surrogate=S.cispo_loss,
                                 surrogate_keys=("eps_clip", "eps_clip_high"), group_baseline=True, single_sided_clip=True),
+    "rloo": AdvantageEstimator(A.rloo_estimator, ("rewards_normalization",), group_baseline=True),
     "reinforce_plus_plus": AdvantageEstimator(A.reinforce_plus_plus_estimator, ("kl_coef", "gamma"), shaped_kl=True,
                                               requires_whitening=True),
     "reinforce_plus_plus_baseline": AdvantageEstimator(A.reinforce_plus_plus_baseline_estimator,
