@@ -1,10 +1,11 @@
 """Reward post-processing, advantage estimators and whitening (slime semantics).
 
-GRPO-family estimators (grpo, gspo, cispo) give one scalar per sample, broadcast to every response
+GRPO-family estimators (grpo, gspo, cispo) and rloo give one scalar per sample, broadcast to every response
 token; REINFORCE++ variants give per-token values (`reinforce.py`); ppo gives GAE over the critic's
 values (`critic.py`). The `*_estimator` functions share one call, [N] rewards -> [N, T] advantages on
-the trainer's loss mask; the composition floor (app/algorithm.py) binds one, or `ppo_advantages`, into
-the AdvantageSpec the engine calls. `compute_advantages` picks one by name (for tests and benchmarks).
+the trainer's loss mask, and take their `algorithm.*` keys as keyword arguments of the same name; the
+table in `estimators.py` names them, and the composition floor (app/algorithm.py) binds one, or
+`ppo_advantages`, into the AdvantageSpec the engine calls. Nothing here knows an estimator's name.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ from slime_hydra.algorithms.reinforce import (
     reinforce_plus_plus_baseline_advantages,
     token_level_rewards,
 )
-
-ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
 
 # fn(rewards [N], mask [N, T], kl [N, T] | None, group_size, **kwargs) -> advantages [N, T]
 CustomAdvantage = Callable[[Tensor, Tensor, Optional[Tensor], int], Tensor]
@@ -54,6 +53,20 @@ def grpo_advantages(rewards: Tensor, mask: Tensor, group_size: int, std_normaliz
     return broadcast_to_tokens(group_normalize(rewards, group_size, True, std_normalize), mask)
 
 
+def leave_one_out(rewards: Tensor, group_size: int) -> Tensor:
+    """RLOO (Kool et al. 2019; Ahmadian et al. 2024): r_i minus the mean of the other G - 1 rewards of its group,
+    which is G / (G - 1) * (r_i - mean_G r).
+
+    A tied group gets exactly 0 (`groups.centred_groups`); other groups get verl's compute_rloo_outcome_advantage
+    up to float rounding. A group of one has no other sample: its baseline is 0 and its advantage the raw reward,
+    as verl (validation refuses rloo with rollout.n_samples_per_prompt=1).
+    """
+    if group_size == 1:
+        return rewards.clone()  # [N]
+    r = rewards.view(-1, group_size)  # [B, G]
+    return (centred_groups(r) * (group_size / (group_size - 1))).reshape(-1)  # [B*G]
+
+
 def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
     """(v - mean) / sqrt(var + eps) with mean and var over every masked token of the batch.
 
@@ -81,13 +94,26 @@ def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, eps: fl
 
 
 # The estimators, in the advantage step's one call: (rewards [N], mask [N, T], kl [N, T] | None, group_size) ->
-# advantages [N, T]. The composition floor binds their parameters (functools.partial) into an AdvantageSpec.
+# advantages [N, T]. Their keyword arguments are algorithm keys of the same name, bound (functools.partial) by the
+# composition floor into an AdvantageSpec.
 
 
-def group_estimator(rewards: Tensor, mask: Tensor, kl: Optional[Tensor], group_size: int, *, subtract_mean: bool,
-                    std_normalize: bool) -> Tensor:
-    """grpo / gspo / cispo: the group-normalised reward on every response token; the shaped KL is not applied (slime)."""
-    return broadcast_to_tokens(group_normalize(rewards.to(mask.dtype), group_size, subtract_mean, std_normalize), mask)
+def group_estimator(rewards: Tensor, mask: Tensor, kl: Optional[Tensor], group_size: int, *, rewards_normalization: bool,
+                    grpo_std_normalization: bool) -> Tensor:
+    """grpo / gspo / cispo: the group-normalised reward on every response token; the shaped KL is not applied (slime).
+
+    The std division needs the mean subtracted too: rewards_normalization=false gives raw rewards (slime's reward
+    post-processing)."""
+    std_normalize = rewards_normalization and grpo_std_normalization
+    return broadcast_to_tokens(group_normalize(rewards.to(mask.dtype), group_size, rewards_normalization, std_normalize), mask)
+
+
+def rloo_estimator(rewards: Tensor, mask: Tensor, kl: Optional[Tensor], group_size: int, *,
+                   rewards_normalization: bool) -> Tensor:
+    """rloo: the leave-one-out advantage on every response token; the shaped KL is not applied (as the grpo family).
+    rewards_normalization=false gives raw rewards, as it does for every group baseline."""
+    r = rewards.to(mask.dtype)  # [N]
+    return broadcast_to_tokens(leave_one_out(r, group_size) if rewards_normalization else r, mask)  # [N, T]
 
 
 def reinforce_plus_plus_estimator(rewards: Tensor, mask: Tensor, kl: Optional[Tensor], group_size: int, *, kl_coef: float,
@@ -97,8 +123,8 @@ def reinforce_plus_plus_estimator(rewards: Tensor, mask: Tensor, kl: Optional[Te
 
 
 def reinforce_plus_plus_baseline_estimator(rewards: Tensor, mask: Tensor, kl: Optional[Tensor], group_size: int, *,
-                                           kl_coef: float, subtract_mean: bool) -> Tensor:
-    return reinforce_plus_plus_baseline_advantages(rewards, mask, kl, kl_coef, group_size, subtract_mean)
+                                           kl_coef: float, rewards_normalization: bool) -> Tensor:
+    return reinforce_plus_plus_baseline_advantages(rewards, mask, kl, kl_coef, group_size, rewards_normalization)
 
 
 def plugin_estimator(rewards: Tensor, mask: Tensor, kl: Optional[Tensor], group_size: int, *, fn: CustomAdvantage) -> Tensor:
@@ -109,47 +135,6 @@ def plugin_estimator(rewards: Tensor, mask: Tensor, kl: Optional[Tensor], group_
 def whitened(rewards: Tensor, mask: Tensor, kl: Optional[Tensor], group_size: int, *, estimator: CustomAdvantage) -> Tensor:
     """algorithm.normalize_advantages: `estimator`'s advantages whitened over every masked token of the batch."""
     return masked_whiten(estimator(rewards, mask, kl, group_size), mask)
-
-
-def compute_advantages(
-    estimator: str,
-    rewards: Tensor,
-    mask: Tensor,
-    kl: Optional[Tensor],
-    group_size: int,
-    *,
-    rewards_normalization: bool = True,
-    grpo_std_normalization: bool = True,
-    kl_coef: float = 0.0,
-    gamma: float = 1.0,
-    normalize_advantages: bool = False,
-    custom: Optional[CustomAdvantage] = None,
-) -> Tensor:
-    """[N] scalar rewards -> [N, T] per-token advantages (slime's compute_advantages_and_returns).
-
-    grpo / gspo / cispo: group-normalised reward on every response token (std only when
-      rewards_normalization, as slime's reward post-processing); the shaped KL is not applied.
-    reinforce_plus_plus: discounted returns of r_t = -kl_coef*kl_t (+ R at the last token).
-    reinforce_plus_plus_baseline: (R - mean_group) - kl_coef*kl_t.
-    custom (algorithm.custom_advantage): custom(rewards, mask, kl, group_size) replaces the estimator.
-    normalize_advantages then whitens over every masked token of the batch.
-    ppo needs the critic's values: `ppo_advantages`.
-    """
-    if custom is not None:
-        adv = plugin_estimator(rewards, mask, kl, group_size, fn=custom)
-    elif estimator in ("grpo", "gspo", "cispo"):
-        adv = group_estimator(rewards, mask, kl, group_size, subtract_mean=rewards_normalization,
-                              std_normalize=rewards_normalization and grpo_std_normalization)
-    elif estimator == "reinforce_plus_plus":
-        adv = reinforce_plus_plus_estimator(rewards, mask, kl, group_size, kl_coef=kl_coef, gamma=gamma)
-    elif estimator == "reinforce_plus_plus_baseline":
-        adv = reinforce_plus_plus_baseline_estimator(rewards, mask, kl, group_size, kl_coef=kl_coef,
-                                                     subtract_mean=rewards_normalization)
-    elif estimator == "ppo":
-        raise ValueError("advantage_estimator=ppo needs the critic's values: call ppo_advantages")
-    else:
-        raise ValueError(f"unknown advantage_estimator {estimator!r}; one of {list(ADVANTAGE_ESTIMATORS)}")
-    return masked_whiten(adv, mask) if normalize_advantages else adv  # [N, T]
 
 
 def ppo_advantages(rewards: Tensor, mask: Tensor, kl: Optional[Tensor], values: Tensor, *, kl_coef: float = 0.0,

@@ -1,9 +1,10 @@
 """algorithm (+ train) -> the typed specs the trainers, the critic and the advantage step receive.
 
-This is where an algorithm's names become objects, once: `advantage_estimator` picks the surrogate (its
-clip ε bound with functools.partial) and the advantage estimator (its parameters bound), `ppo` gives a
-CriticSpec, `custom_loss` / `custom_advantage` plug-ins replace the surrogate / the estimator. Below this
-floor nothing branches on an algorithm or estimator name. The config was validated before this runs.
+This is where an algorithm's names become objects, once: `advantage_estimator` names a row of
+`algorithms/estimators.ESTIMATORS`, whose surrogate (its clip ε bound with functools.partial) and advantage
+function (its keys bound) go into the specs, and whose `critic` gives a CriticSpec; `custom_loss` /
+`custom_advantage` plug-ins replace the surrogate / the estimator. Nothing here or below compares an estimator's
+name: the row says what it is. The config was validated before this runs.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from functools import partial
 from typing import Optional
 
 from slime_hydra.algorithms import advantages as A
-from slime_hydra.algorithms import losses as L
 from slime_hydra.algorithms import surrogates as S
+from slime_hydra.algorithms.estimators import ESTIMATORS, bind
 from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import AlgorithmConfig, RunConfig, TrainConfig
 from slime_hydra.training.microbatch import budgets
@@ -26,8 +27,6 @@ from slime_hydra.training.specs import (
     OptimSpec,
     Surrogate,
 )
-
-CRITIC_ESTIMATORS = ("ppo",)
 
 
 def algorithm_specs(a: AlgorithmConfig, train: TrainConfig, total_steps: int,
@@ -45,16 +44,13 @@ def run_specs(cfg: RunConfig) -> AlgorithmSpecs:
 
 
 def surrogate(a: AlgorithmConfig) -> Surrogate:
-    """The policy surrogate with its clip range bound: algorithm.custom_loss, else the estimator's own
-    (gspo and cispo theirs; grpo, ppo and the reinforce++ variants PPO-clip)."""
+    """The policy surrogate with its clip range bound: algorithm.custom_loss, else the estimator's row's
+    (PPO-clip unless the row names another, as gspo and cispo do)."""
     custom = load_target(a.custom_loss)
     if custom is not None:
         return partial(S.plugin_surrogate, fn=custom)
-    if a.advantage_estimator == "gspo":
-        return partial(S.gspo_loss, eps_clip=a.eps_clip, eps_clip_high=a.eps_clip_high, eps_clip_c=a.eps_clip_c)
-    if a.advantage_estimator == "cispo":  # no dual clip
-        return partial(S.cispo_loss, eps_clip=a.eps_clip, eps_clip_high=a.eps_clip_high)
-    return partial(L.ppo_clip_loss, eps_clip=a.eps_clip, eps_clip_high=a.eps_clip_high, eps_clip_c=a.eps_clip_c)
+    row = ESTIMATORS[a.advantage_estimator]
+    return bind(row.surrogate, row.surrogate_keys, a)
 
 
 def loss_spec(a: AlgorithmConfig, max_response_len: Optional[int] = None) -> LossSpec:
@@ -82,8 +78,8 @@ def batch_spec(t: TrainConfig) -> BatchSpec:
 
 
 def critic_spec(a: AlgorithmConfig, t: TrainConfig, total_steps: int) -> Optional[CriticSpec]:
-    """ppo's value model: train.critic_lr (None: train.lr), train.min_lr scaled by the same factor."""
-    if a.advantage_estimator not in CRITIC_ESTIMATORS:
+    """The value model of a critic estimator (ppo): train.critic_lr (None: train.lr), train.min_lr scaled by the same factor."""
+    if not ESTIMATORS[a.advantage_estimator].critic:
         return None
     lr = t.critic_lr if t.critic_lr is not None else t.lr
     min_lr = t.min_lr * lr / t.lr if t.lr > 0 else 0.0
@@ -94,22 +90,13 @@ def critic_spec(a: AlgorithmConfig, t: TrainConfig, total_steps: int) -> Optiona
 
 
 def advantage_spec(a: AlgorithmConfig) -> AdvantageSpec:
-    """The estimator with its parameters bound (whitened with normalize_advantages), or ppo's GAE over the critic."""
-    shaping_kl = a.kl_coef != 0
-    if a.advantage_estimator in CRITIC_ESTIMATORS:
-        gae = partial(A.ppo_advantages, kl_coef=a.kl_coef, gamma=a.gamma, lambd=a.lambd,
-                      normalize_advantages=a.normalize_advantages)
-        return AdvantageSpec(estimate=None, gae=gae, shaping_kl=shaping_kl)
+    """The row's advantage function with its keys bound (whitened with normalize_advantages), or a critic
+    estimator's GAE over the critic's values (which whitens itself)."""
+    row, shaping_kl = ESTIMATORS[a.advantage_estimator], a.kl_coef != 0
+    if row.critic:
+        return AdvantageSpec(estimate=None, gae=bind(row.advantage, row.advantage_keys, a), shaping_kl=shaping_kl)
     custom = load_target(a.custom_advantage)
-    if custom is not None:
-        est = partial(A.plugin_estimator, fn=custom)
-    elif a.advantage_estimator == "reinforce_plus_plus":
-        est = partial(A.reinforce_plus_plus_estimator, kl_coef=a.kl_coef, gamma=a.gamma)
-    elif a.advantage_estimator == "reinforce_plus_plus_baseline":
-        est = partial(A.reinforce_plus_plus_baseline_estimator, kl_coef=a.kl_coef, subtract_mean=a.rewards_normalization)
-    else:  # grpo, gspo, cispo
-        est = partial(A.group_estimator, subtract_mean=a.rewards_normalization,
-                      std_normalize=a.rewards_normalization and a.grpo_std_normalization)
+    est = partial(A.plugin_estimator, fn=custom) if custom is not None else bind(row.advantage, row.advantage_keys, a)
     if a.normalize_advantages:
         est = partial(A.whitened, estimator=est)
     return AdvantageSpec(estimate=est, gae=None, shaping_kl=shaping_kl)

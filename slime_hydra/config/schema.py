@@ -92,8 +92,7 @@ class AlgorithmConfig:
     """Advantage estimator and policy loss (slime semantics; docs/algorithms.md has the formulas)."""
 
     name: str = "grpo"
-    # grpo | gspo | cispo | reinforce_plus_plus | reinforce_plus_plus_baseline | ppo (a critic, GAE)
-    advantage_estimator: str = "grpo"
+    advantage_estimator: str = "grpo"  # a row of slime_hydra/algorithms/estimators.py ESTIMATORS
     loss_type: str = "policy_loss"  # policy_loss | sft_loss
     eps_clip: float = 0.2
     eps_clip_high: Optional[float] = None  # DAPO clip-higher; None means eps_clip

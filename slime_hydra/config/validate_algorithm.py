@@ -1,27 +1,19 @@
-"""Validation of the algorithm group: slime's assertions on estimator, KL, TIS and PPO-critic settings, each
-problem naming the key and the fix. Pure checks over the typed config; validate.check calls them."""
+"""Validation of the algorithm group: slime's assertions on KL, TIS and critic settings, each problem naming the key
+and the fix. Pure checks over the typed config; validate.check calls them. What depends on the estimator (its
+name, group baseline, critic, shaped KL, whitening) is checked beside the estimator table, in algorithms/checks.py."""
 
 from __future__ import annotations
 
 from slime_hydra.config.plugins import check_target
 from slime_hydra.config.schema import RunConfig
 
-GROUP_BASELINE = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")  # estimators that centre rewards per prompt
 
-
-def check_algorithm(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
+def check_algorithm(cfg: RunConfig, problems: list[str]) -> None:
     """slime's algorithm assertions (slime_validate_args), each naming the key and the fix."""
     a = cfg.algorithm
     if a.kl_coef != 0 and a.kl_loss_coef != 0:
         problems.append(f"algorithm.kl_coef={a.kl_coef} (KL as reward shaping) and algorithm.kl_loss_coef={a.kl_loss_coef} (KL as a loss "
                         "term) are both non-zero; slime allows only one: set algorithm.kl_coef=0 or algorithm.kl_loss_coef=0")
-    if a.kl_coef != 0 and a.advantage_estimator in ("grpo", "gspo", "cispo"):
-        problems.append(f"algorithm.kl_coef={a.kl_coef} has no effect with algorithm.advantage_estimator={a.advantage_estimator} (its "
-                        "advantages ignore the shaped KL, as in slime); use algorithm.use_kl_loss=true with algorithm.kl_loss_coef, "
-                        "or algorithm.kl_coef=0")
-    if a.advantage_estimator.startswith("reinforce_plus_plus") and not a.normalize_advantages:
-        problems.append(f"algorithm.advantage_estimator={a.advantage_estimator} needs algorithm.normalize_advantages=true (slime asserts "
-                        f"it); set algorithm.normalize_advantages=true or use algorithm={a.advantage_estimator}")
     if a.use_tis and a.use_rollout_logprobs:
         problems.append("algorithm.use_tis=true and algorithm.use_rollout_logprobs=true are exclusive (TIS reweights recomputed old "
                         "log-probs towards the rollout's); set algorithm.use_rollout_logprobs=false or algorithm.use_tis=false")
@@ -36,35 +28,21 @@ def check_algorithm(cfg: RunConfig, problems: list[str], notes: list[str]) -> No
             problems.append(f"algorithm.{key}={getattr(a, key)} must be in [{lo}, {hi}]")
     if a.value_clip <= 0:
         problems.append(f"algorithm.value_clip={a.value_clip} must be > 0")
-    check_ppo(cfg, problems)
+    check_critic(cfg, problems)
     if a.ref_update_interval is not None:
         if a.ref_update_interval < 1:
             problems.append(f"algorithm.ref_update_interval={a.ref_update_interval} must be >= 1 or null")
         elif not (a.use_kl_loss or a.kl_coef != 0):
             problems.append(f"algorithm.ref_update_interval={a.ref_update_interval} has no reference model to update (no KL is "
                             "used); set algorithm.use_kl_loss=true with algorithm.kl_loss_coef, or algorithm.ref_update_interval=null")
-    if a.advantage_estimator == "cispo" and a.eps_clip < 1.0:
-        notes.append(f"algorithm.advantage_estimator=cispo with algorithm.eps_clip={a.eps_clip} keeps the lower clip bound "
-                     f"{1.0 - a.eps_clip:g} active; canonical CISPO is single-sided: algorithm=cispo sets eps_clip=1.0 and "
-                     "eps_clip_high=4.0")
     check_target("algorithm.custom_advantage", a.custom_advantage, 4, problems)
     check_target("algorithm.custom_loss", a.custom_loss, 4, problems)
 
 
-def check_ppo(cfg: RunConfig, problems: list[str]) -> None:
+def check_critic(cfg: RunConfig, problems: list[str]) -> None:
+    """The critic's own ranges (whether the estimator has a critic is algorithms/checks.py's)."""
     a, t = cfg.algorithm, cfg.train
     if a.num_critic_only_steps < 0:
         problems.append(f"algorithm.num_critic_only_steps={a.num_critic_only_steps} must be >= 0")
     if t.critic_lr is not None and t.critic_lr <= 0:
         problems.append(f"train.critic_lr={t.critic_lr} must be > 0 (or null: train.lr)")
-    if a.advantage_estimator != "ppo":
-        if a.num_critic_only_steps:
-            problems.append(f"algorithm.num_critic_only_steps={a.num_critic_only_steps} needs a critic: set "
-                            "algorithm=ppo, or algorithm.num_critic_only_steps=0")
-        return
-    if a.custom_advantage:
-        problems.append("algorithm.custom_advantage would replace ppo's GAE and leave its critic without returns; use "
-                        "algorithm.advantage_estimator=grpo (or another) with algorithm.custom_advantage, or drop it")
-    if cfg.num_rollout is not None and a.num_critic_only_steps >= cfg.num_rollout:
-        problems.append(f"algorithm.num_critic_only_steps={a.num_critic_only_steps} leaves no rollout for the policy "
-                        f"(num_rollout={cfg.num_rollout}); set it below num_rollout")

@@ -113,7 +113,7 @@ def check_high_lr(cfg: RunConfig, params: int, source: str, problems: list[str],
     if params < REAL_SIZE or t.allow_unsafe_lr:
         return
     keys = [("train.lr", t.lr)]
-    if cfg.algorithm.advantage_estimator == "ppo" and t.critic_lr is not None:
+    if t.critic_lr is not None:  # set: checked whether or not the estimator has a critic (config/ cannot see which)
         keys.append(("train.critic_lr", t.critic_lr))
     trained = "model.hf_checkpoint" if cfg.model.hf_checkpoint else ("load" if cfg.load else None)
     for key, lr in keys:

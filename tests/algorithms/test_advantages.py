@@ -1,8 +1,8 @@
-"""Hand-derived checks of the advantage estimators (slime semantics): the GRPO family, REINFORCE++ (-baseline),
+"""Hand-derived checks of the advantage estimators (slime semantics): the GRPO family, RLOO, REINFORCE++ (-baseline),
 discounted returns, whitening and compute_advantages.
 
 Every expected number is worked out in the comments; none is produced by calling the function
-under test another way.
+under test another way. RLOO is also compared with a plain loop over groups written from verl's formula.
 """
 
 import math
@@ -13,11 +13,13 @@ from torch.testing import assert_close
 
 from slime_hydra.algorithms.advantages import (
     broadcast_to_tokens,
-    compute_advantages,
     group_normalize,
     grpo_advantages,
+    leave_one_out,
     masked_whiten,
+    rloo_estimator,
 )
+from slime_hydra.algorithms.estimators import compute_advantages
 from slime_hydra.algorithms.reinforce import (
     discounted_returns,
     last_token_index,
@@ -148,6 +150,77 @@ def test_grpo_advantages_without_std():
     assert_close(out, expected, rtol=0, atol=0)
 
 
+# --------------------------------------------------------------------------- RLOO
+
+
+def test_leave_one_out_by_hand():
+    # group 0, G = 4: r = [1, 2, 4, 9], sum 16
+    #   baselines (16 - r_i) / 3 = [15/3, 14/3, 12/3, 7/3] = [5, 4.6667, 4, 2.3333]
+    #   r_i - baseline = [1 - 5, 2 - 14/3, 4 - 4, 9 - 7/3] = [-4, -8/3, 0, 20/3]
+    #   the same as G/(G-1) * (r - mean): mean 4, r - mean = [-3, -2, 0, 5], times 4/3 = [-4, -8/3, 0, 20/3]
+    # group 1, G = 4: r = [0.7] * 4, tied: exactly 0
+    out = leave_one_out(t([1.0, 2.0, 4.0, 9.0, 0.7, 0.7, 0.7, 0.7]), group_size=4)
+    assert_close(out, t([-4.0, -8.0 / 3.0, 0.0, 20.0 / 3.0, 0, 0, 0, 0]), rtol=0, atol=1e-12)
+    assert torch.equal(out[4:], torch.zeros(4, dtype=F64))
+    assert abs(out[:4].sum().item()) < 1e-12  # the baseline is unbiased: advantages sum to 0 over the group
+
+
+def test_leave_one_out_group_of_two_and_group_of_one():
+    # G = 2: each sample's baseline is the other's reward: [3 - (-1), -1 - 3] = [4, -4]
+    assert leave_one_out(t([3.0, -1.0]), group_size=2).tolist() == [4.0, -4.0]
+    # G = 1: no other sample, baseline 0 (verl): the raw rewards
+    assert leave_one_out(t([3.0, -1.0]), group_size=1).tolist() == [3.0, -1.0]
+
+
+def test_leave_one_out_tied_float32_groups_are_exactly_zero_and_finite():
+    # eight float32 5.3s: the mean is one ulp off 5.3, so the plain formula leaves a residue; the tied group gets 0
+    r = torch.full((8,), 5.3)
+    assert (r - r.mean()).abs().max() > 0
+    assert torch.equal(leave_one_out(r, group_size=8), torch.zeros(8))
+    # large finite rewards stay finite: |G/(G-1) * (r - mean)| <= 2 * 2 * 1e30 in float32 (max 3.4e38)
+    big = torch.tensor([1e30, -1e30, 1e30, -1e30])
+    out = leave_one_out(big, group_size=4)
+    assert torch.isfinite(out).all()
+    assert_close(out, torch.tensor([4e30, -4e30, 4e30, -4e30]) / 3, rtol=1e-6, atol=0)  # 4/3 * (+-1e30 - 0)
+
+
+def test_rloo_estimator_on_every_response_token():
+    # G = 2, R = [1, 0]: [1 - 0, 0 - 1] = [1, -1] on the masked tokens; the shaped KL is not read
+    mask = t([[0, 1, 1], [0, 0, 1]])
+    out = rloo_estimator(t([1.0, 0.0]), mask, t([[5, 5, 5], [5, 5, 5]]), 2, rewards_normalization=True)
+    assert out.tolist() == [[0, 1, 1], [0, 0, -1]]
+    # rewards_normalization off: raw rewards, as for every group baseline
+    raw = rloo_estimator(t([1.0, 0.0]), mask, None, 2, rewards_normalization=False)
+    assert raw.tolist() == [[0, 1, 1], [0, 0, 0]]
+
+
+def verl_rloo(scores: list[float], index: list[int]) -> list[float]:
+    """verl's compute_rloo_outcome_advantage (verl/trainer/ppo/core_algos.py) on one scalar score per sample,
+    written as a plain loop over groups: baseline 0 for a group of one, else s * n / (n - 1) - mean * n / (n - 1)."""
+    groups: dict[int, list[float]] = {}
+    for s, i in zip(scores, index):
+        groups.setdefault(i, []).append(s)
+    out = []
+    for s, i in zip(scores, index):
+        n = len(groups[i])
+        mean = sum(groups[i]) / n if n > 1 else 0.0
+        out.append(s * n / (n - 1) - mean * n / (n - 1) if n > 1 else s)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("group_size", [1, 2, 3, 4, 8])
+def test_leave_one_out_matches_verls_formula(group_size, dtype):
+    g = torch.Generator().manual_seed(group_size)
+    rewards = (torch.randn(6 * group_size, generator=g, dtype=F64) * 3).to(dtype)  # [N], 6 groups
+    rewards[:group_size] = 0.5  # one tied group
+    index = [i // group_size for i in range(len(rewards))]
+    expected = torch.tensor(verl_rloo(rewards.tolist(), index), dtype=dtype)
+    # float rounding: the loop runs in float64 on dtype's rewards; ours in dtype: a few ulp of G/(G-1) * 2 max|r|
+    tol = 8 * torch.finfo(dtype).eps * 2 * rewards.abs().max().item()
+    assert_close(leave_one_out(rewards, group_size), expected, rtol=0, atol=tol)
+
+
 # --------------------------------------------------------------------------- REINFORCE++, returns, whitening, compute_advantages
 
 # Layout (training/batch.py): [N, T] rows, position t predicts token t+1, the response positions are
@@ -263,6 +336,13 @@ def test_compute_advantages_grpo_family(estimator):
     # rewards_normalization off: raw rewards, and no std division either (slime's reward post-processing)
     raw = compute_advantages(estimator, t([1.0, 0.0]), GRPO_MASK, None, 2, rewards_normalization=False)
     assert_close(raw, t([[0, 1, 1], [0, 0, 0]]), rtol=0, atol=0)
+
+
+def test_compute_advantages_rloo():
+    # G = 3, R = [3, 0, 0]: mean 1, 3/2 * [2, -1, -1] = [3, -1.5, -1.5] on every response token
+    mask = t([[1, 1], [0, 1], [1, 0]])
+    out = compute_advantages("rloo", t([3.0, 0.0, 0.0]), mask, None, 3)
+    assert out.tolist() == [[3.0, 3.0], [0.0, -1.5], [-1.5, 0.0]]
 
 
 def test_compute_advantages_reinforce_plus_plus_whitened():

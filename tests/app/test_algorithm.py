@@ -20,7 +20,8 @@ import torch
 
 from slime_hydra.algorithms import losses as L
 from slime_hydra.algorithms import surrogates as S
-from slime_hydra.algorithms.advantages import compute_advantages, ppo_advantages
+from slime_hydra.algorithms.advantages import ppo_advantages
+from slime_hydra.algorithms.estimators import ESTIMATORS, compute_advantages
 from slime_hydra.app.algorithm import algorithm_specs, run_specs
 from slime_hydra.app.preflight import compose_run
 from slime_hydra.config.plugins import load_target
@@ -159,7 +160,7 @@ def samples(group_size: int = 4) -> list[Sample]:
 # -- the tests ------------------------------------------------------------------------------------------------------
 def test_every_algorithm_option_is_covered():
     assert OPTIONS == ["cispo", "dapo", "dr_grpo", "grpo", "gspo", "ppo", "reinforce_plus_plus",
-                       "reinforce_plus_plus_baseline"]
+                       "reinforce_plus_plus_baseline", "rloo"]
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -219,9 +220,10 @@ def scaled_reward(rewards, mask, kl, group_size, scale=1.0):
 
 
 def valid(option: str, variant: str) -> bool:
-    """The combinations validation accepts (kl_coef needs a KL-shaped estimator; ppo takes no custom advantage)."""
-    grpo_like = option in ("grpo", "dr_grpo", "dapo", "gspo", "cispo")
-    return not ((variant == "kl_shaping" and grpo_like) or (variant == "custom" and option == "ppo"))
+    """The combinations validation accepts (kl_coef needs an estimator that reads the shaped KL; a critic estimator
+    takes no custom advantage)."""
+    row = ESTIMATORS[composed(option).algorithm.advantage_estimator]
+    return not ((variant == "kl_shaping" and not row.shaped_kl) or (variant == "custom" and row.critic))
 
 
 @pytest.mark.parametrize("option,variant", [(o, v) for o in OPTIONS for v in ADV_VARIANTS if valid(o, v)])
@@ -243,6 +245,18 @@ def test_grpo_advantages_by_hand():
     row0 = b.advantages[0][b.loss_mask[0] > 0]
     assert torch.allclose(row0, torch.full((2,), 0.783345), atol=1e-6)
     assert b.advantages[4:].abs().max() == 0
+
+
+def test_rloo_advantages_by_hand():
+    # algorithm=rloo composed, through the AdvantageSpec: group 1 rewards [1, 0, 0.5, 1], mean 0.625,
+    # r - mean = [0.375, -0.625, -0.125, 0.375], times G/(G-1) = 4/3: [0.5, -0.833333, -0.166667, 0.5]
+    # (sample 0: 1 - mean(0, 0.5, 1) = 0.5); group 2 ties: 0. Each value on every response token of its sample.
+    b = advantages(samples(), run_specs(composed("rloo")).advantage, 4, 0, FixedTrainer())
+    for i, expected in enumerate([0.5, -0.833333, -0.166667, 0.5]):
+        row = b.advantages[i][b.loss_mask[i] > 0]
+        assert torch.allclose(row, torch.full_like(row, expected), atol=1e-6), (i, row)
+    assert b.advantages[4:].abs().max() == 0
+    assert run_specs(composed("rloo")).critic is None
 
 
 def test_only_ppo_gets_a_critic():

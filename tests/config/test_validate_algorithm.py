@@ -20,6 +20,7 @@ def notes_of(overrides: list[str]) -> list[str]:
     ("gspo", dict(advantage_estimator="gspo", eps_clip=3e-4, eps_clip_high=4e-4)),
     ("cispo", dict(advantage_estimator="cispo", eps_clip=1.0, eps_clip_high=4.0)),
     ("dapo", dict(advantage_estimator="grpo", eps_clip=0.2, eps_clip_high=0.28, loss_aggregation="token_mean")),
+    ("rloo", dict(advantage_estimator="rloo", rewards_normalization=True, normalize_advantages=False, kl_coef=0.0)),
     ("reinforce_plus_plus", dict(advantage_estimator="reinforce_plus_plus", normalize_advantages=True)),
     ("reinforce_plus_plus_baseline", dict(advantage_estimator="reinforce_plus_plus_baseline", normalize_advantages=True)),
     ("ppo", dict(advantage_estimator="ppo", normalize_advantages=True, value_clip=0.2, gamma=1.0, lambd=1.0,
@@ -49,6 +50,8 @@ def test_kl_coef_and_kl_loss_coef_are_exclusive():
 def test_kl_coef_has_no_effect_on_the_grpo_family():
     (msg,) = problems_of(["algorithm.kl_coef=0.01"])
     assert "advantage_estimator=grpo" in msg and "algorithm.use_kl_loss=true" in msg
+    (msg,) = problems_of(["algorithm=rloo", "algorithm.kl_coef=0.01"])  # rloo's outcome advantages ignore it too
+    assert "advantage_estimator=rloo" in msg and "algorithm.use_kl_loss=true" in msg
 
 
 @pytest.mark.parametrize("estimator", ["reinforce_plus_plus", "reinforce_plus_plus_baseline"])
@@ -85,9 +88,10 @@ def test_new_estimators_and_aggregations_are_choices():
     assert "seq_mean_token_sum_norm" in msg
 
 
-def test_group_baseline_estimators_need_two_samples():
-    probs = problems_of(["algorithm=gspo", "rollout.n_samples_per_prompt=1"])
-    assert any("gspo's group baseline" in p and "n_samples_per_prompt>=2" in p for p in probs)
+@pytest.mark.parametrize("option", ["gspo", "rloo"])
+def test_group_baseline_estimators_need_two_samples(option):
+    probs = problems_of([f"algorithm={option}", "rollout.n_samples_per_prompt=1"])
+    assert any(f"{option}'s group baseline" in p and "n_samples_per_prompt>=2" in p for p in probs)
 
 
 def test_custom_plugins_are_bound_at_validation():

@@ -7,7 +7,7 @@ import copy
 
 import torch
 
-from slime_hydra.algorithms.advantages import compute_advantages
+from slime_hydra.algorithms.estimators import compute_advantages
 from slime_hydra.config.schema import ModelConfig
 from slime_hydra.models.build import build_model
 from slime_hydra.models.tokenizer import build_char_tokenizer
