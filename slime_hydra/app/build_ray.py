@@ -29,12 +29,10 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
     # orchestration imports ray (~2 s, and a cluster's worth of threads): only for cluster.backend=ray
     from slime_hydra.orchestration import placement, stacks
     from slime_hydra.orchestration.calls import RayCalls
-    from slime_hydra.orchestration.rollout_manager import RemoteRollout, RemoteSource, RolloutManager
+    from slime_hydra.orchestration.rollout_manager import RemoteRollout, start_rollout_manager
 
     inputs = prepare(cfg)  # data, hooks and the checkpoint to resume, before the cluster
     specs = run_specs(cfg)  # names turned into the trainer's and the advantage step's callables
-
-    import ray
 
     started, where = placement.connect(cfg.cluster)
     pg = None
@@ -50,21 +48,20 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
             trainer.shutdown()
             placement.shutdown(pg, started)
 
-        manager = None
+        manager: Optional[RemoteRollout] = None
         if cfg.rollout.backend == "sglang":  # engines owned by Ray actors; the router, client and prompt source here
             rollout: RolloutBackend = sglang_rollout(cfg, pg, layout, trainer, inputs.tokenizer, calls, output_dir, teardown)
             source: PromptSource = build_source(cfg, inputs.tokenizer, inputs.train_prompts)
         else:  # local engines behind a rollout manager actor, which owns the prompt source
-            manager = ray.remote(RolloutManager).options(num_cpus=0).remote(
-                pg, layout, inputs.model, inputs.train_prompts, cfg.rollout, cfg.seed, cfg.cluster.num_threads,
-                cfg.cluster.ray_call_timeout_s)
-            rollout, source = RemoteRollout(manager, calls, on_shutdown=teardown), RemoteSource(manager, calls)
+            manager, source = start_rollout_manager(pg, layout, inputs.model, inputs.train_prompts, cfg.rollout, cfg.seed,
+                                                    cfg.cluster.num_threads, calls, on_shutdown=teardown)
+            rollout = manager
         comps = assemble(cfg, inputs, source, trainer, rollout, tracker, specs.advantage, output_dir)
         if cfg.stall_watchdog:  # a stall dumps every actor's stacks too, beside the driver's
             where = str((Path(output_dir) / "actor_stacks").resolve())  # the actors' working directory is not ours
             procs = trainer.register_stacks(where)
             if manager is not None:
-                procs += calls.get(manager.register_stacks.remote(where), "registering stack dumps", ["the rollout manager"])
+                procs += manager.register_stacks(where)
             comps.more_stacks = functools.partial(stacks.collect, procs)
     except BaseException:
         placement.shutdown(pg, started)

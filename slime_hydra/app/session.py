@@ -21,7 +21,7 @@ from slime_hydra.engine import loop, report
 from slime_hydra.engine.checkpoint import resume_hint
 from slime_hydra.engine.watchdog import StallWatchdog
 from slime_hydra.errors import ConfigError
-from slime_hydra.orchestration import sweep
+from slime_hydra.tracking import sweep
 
 
 def git_sha() -> str:

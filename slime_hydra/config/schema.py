@@ -372,6 +372,10 @@ class LoggerConfig:
     mlflow_experiment: str = "slime_hydra"
     tensorboard_dir: str = "tensorboard"
     progress_bar: bool = True
+    # A multirun's summary (tracking/sweep.py) ranks its jobs by this metric's last value and tags the best on the
+    # parent run. None: the first eval/<set>/accuracy the jobs reported (by name), else rollout/reward_mean.
+    sweep_rank_metric: Optional[str] = None
+    sweep_rank_direction: str = "max"  # max | min: which end of sweep_rank_metric is best
 
 
 @dataclass

@@ -36,6 +36,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.adam_impl": ("fused", "foreach", "for_loop"),
     "train.qkv_format": ("bshd", "thd"),
     "logger.tracker": ("mlflow", "tensorboard", "none"),
+    "logger.sweep_rank_direction": ("max", "min"),
     "model.dtype": ("float32", "bfloat16", "float16", "float64"),  # float64: exactness tests on CPU
     "model.attn_implementation": ("sdpa", "eager"),
     "model.model_impl": ("transformers", "native", "auto"),
@@ -104,6 +105,10 @@ def check_values(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
         value = _get(cfg, key)
         if value not in allowed:
             problems.append(f"{key}={value!r} is not one of {list(allowed)}")
+    metric = cfg.logger.sweep_rank_metric  # which jobs report it is known only when the sweep ends; its form now
+    if metric is not None and (metric.startswith("/") or metric.endswith("/") or "/" not in metric):
+        problems.append(f"logger.sweep_rank_metric={metric!r} is not a metric name (section/name, e.g. eval/addition/accuracy "
+                        "or rollout/reward_mean); set one, or null for the first eval/<set>/accuracy the jobs report")
     r, a, t = cfg.rollout, cfg.algorithm, cfg.train
     if r.rollout_temperature <= 0:
         problems.append(f"rollout.rollout_temperature={r.rollout_temperature} must be > 0; use rollout.rollout_top_k=1 for greedy decoding")

@@ -17,7 +17,7 @@ on the same bundles), and rewards inside the manager (the driver scores, as in o
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import ray
 
@@ -125,6 +125,16 @@ class RolloutManager:
             ray.kill(e)
 
 
+def start_rollout_manager(pg, layout: Layout, model: ModelConfig, prompts: list, rollout: RolloutConfig, seed: int,
+                          num_threads: Optional[int], calls: RayCalls,
+                          on_shutdown: Optional[Callable[[], None]] = None) -> tuple[RemoteRollout, RemoteSource]:
+    """The manager actor with its engines on the layout's rollout bundles, and the driver's two proxies to it. The
+    manager itself takes no CPU: its engines hold the bundles."""
+    manager = ray.remote(RolloutManager).options(num_cpus=0).remote(
+        pg, layout, model, prompts, rollout, seed, num_threads, calls.timeout_s)
+    return RemoteRollout(manager, calls, on_shutdown=on_shutdown), RemoteSource(manager, calls)
+
+
 class RemoteRollout:
     """The driver's RolloutBackend: every call goes to the manager."""
 
@@ -164,6 +174,10 @@ class RemoteRollout:
     def load_state_dict(self, state: dict) -> None:
         self.calls.get(self.manager.load_state_dict.remote(state), "resume (rollout state)", ["the rollout manager"], nested=True)
         self.weight_version = state["weight_version"]
+
+    def register_stacks(self, directory: str) -> list[ActorProcess]:
+        """The manager's and its engines' stack dumps on SIGUSR2 (the stall watchdog)."""
+        return self.calls.get(self.manager.register_stacks.remote(directory), "registering stack dumps", ["the rollout manager"])
 
     def shutdown(self) -> None:
         """Bounded: a manager still stuck in the call that failed does not answer; it is killed all the same (and its

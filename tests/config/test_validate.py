@@ -69,6 +69,18 @@ def test_batch_identity_mismatch_names_both_fixes():
                    "or train.num_steps_per_rollout=2")
 
 
+def test_sweep_rank_keys_checked_before_the_sweep():
+    """Which jobs report logger.sweep_rank_metric is known only at the sweep's end (tests/tracking/test_sweep_summary.py);
+    its form and the direction are checked with every other key."""
+    probs = problems_of(["logger.sweep_rank_metric=accuracy", "logger.sweep_rank_direction=up"])
+    text = "\n".join(probs)
+    assert len(probs) == 2, probs
+    assert "logger.sweep_rank_metric='accuracy' is not a metric name" in text
+    assert "logger.sweep_rank_direction='up' is not one of ['max', 'min']" in text
+    cfg = compose_run(["logger.sweep_rank_metric=rollout/reward_mean", "logger.sweep_rank_direction=min"])
+    assert (cfg.logger.sweep_rank_metric, cfg.logger.sweep_rank_direction) == ("rollout/reward_mean", "min")
+
+
 def test_kl_coef_without_kl_loss():
     (msg,) = problems_of(["algorithm.kl_loss_coef=0.01"])
     assert "algorithm.use_kl_loss=true" in msg

@@ -45,7 +45,7 @@ def test_the_sweep_callback_imports_without_mlflow():
 
     code = ("import sys\nclass Block:\n    def find_spec(self, name, path=None, target=None):\n"
             "        if name == 'mlflow' or name.startswith('mlflow.'):\n            raise ImportError('blocked: ' + name)\n"
-            "sys.meta_path.insert(0, Block())\nimport slime_hydra.orchestration.sweep\n"
+            "sys.meta_path.insert(0, Block())\nimport slime_hydra.tracking.sweep\n"
             "import slime_hydra.tracking.experiments\nprint('ok', 'mlflow' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.split() == ["ok", "False"], out.stderr[-2000:]

@@ -3,23 +3,28 @@
 A Hydra callback creates the parent run in the driver when the sweep starts and writes its id into
 the sweep directory; each job (in a Ray worker under `hydra/launcher=ray`, or in-process with the
 basic launcher) reads it and opens its run as a child tagged with its overrides. When the sweep
-ends, the callback reads the children back and logs a summary table (final metrics per job, best
-job) to the parent and prints it. Any sweeper works (basic, `hydra/sweeper=optuna_maximize`): the
-callbacks see only the jobs' MLflow runs; an Optuna sweep's `optimization_results.yaml` goes on the parent.
+ends, the callback reads the children back, prints a summary table (final metrics per job) and logs it
+to the parent with the best job by `logger.sweep_rank_metric` and `logger.sweep_rank_direction`. Any
+sweeper works (basic, `hydra/sweeper=optuna_maximize`): the callbacks see only the jobs' MLflow runs; an
+Optuna sweep's `optimization_results.yaml` goes on the parent.
 """
 
 from __future__ import annotations
 
+import difflib
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from slime_hydra.errors import ConfigError
 from slime_hydra.tracking.experiments import experiment_id
 
 PARENT_FILE = ".mlflow_parent_run_id"
-SUMMARY_METRICS = ("eval/addition/accuracy", "rollout/reward_mean")
+RANK_KEY = "logger.sweep_rank_metric"
+FALLBACK_METRIC = "rollout/reward_mean"  # ranks the jobs when none reported an eval accuracy
 
 
 def absolute_tracking_uri(uri: str, cwd: str) -> str:
@@ -65,21 +70,27 @@ class MlflowSweepCallback(Callback):
         client = _client(config)
         exp_id = client.get_run(parent).info.experiment_id
         children = client.search_runs([exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'")
-        table, best = summary_table(children)
+        reported = {k for c in children for k in c.data.metrics}
+        try:
+            metric, problem = rank_metric(reported, config.logger.sweep_rank_metric), ""
+        except ConfigError as e:  # the jobs' results still make a table, with no job marked best
+            metric, problem = None, e.render()
+        table, best = summary_table(children, metric, config.logger.sweep_rank_direction)
         print("\n" + table, flush=True)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr, flush=True)
         path = Path(str(config.hydra.sweep.dir)) / "sweep_summary.md"
-        path.write_text(table + "\n")
+        path.write_text(table + (f"\n\n{problem}" if problem else "") + "\n")
         client.log_artifact(parent, str(path))
         optuna = path.with_name("optimization_results.yaml")  # the Optuna sweeper's best params and value
         if optuna.is_file():
             client.log_artifact(parent, str(optuna))
         client.log_batch(parent, tags=[_tag("best_run_id", best.info.run_id if best else "none"),
-                                       _tag("num_jobs", str(len(children)))])
-        if best is not None:
+                                       _tag("rank_metric", metric or "none"), _tag("num_jobs", str(len(children)))])
+        if best is not None and metric is not None:
             from mlflow.entities import Metric
 
-            key = _score_key(best)
-            client.log_batch(parent, metrics=[Metric(f"sweep/best_{key.replace('/', '_')}", best.data.metrics[key], 0, 0)])
+            client.log_batch(parent, metrics=[Metric(f"sweep/best_{metric.replace('/', '_')}", best.data.metrics[metric], 0, 0)])
         client.set_terminated(parent, "FINISHED" if all(c.info.status == "FINISHED" for c in children) else "FAILED")
 
 
@@ -89,18 +100,40 @@ def _tag(k: str, v: str):
     return RunTag(k, v)
 
 
-def _score_key(run) -> str:
-    return next((k for k in SUMMARY_METRICS if k in run.data.metrics), next(iter(sorted(run.data.metrics)), ""))
+def _eval_accuracy(key: str) -> bool:
+    return key.startswith("eval/") and key.endswith("/accuracy")
 
 
-def summary_table(children) -> tuple[str, Any]:
-    keys = [k for k in SUMMARY_METRICS if any(k in c.data.metrics for c in children)]
-    scored = [c for c in children if keys and keys[0] in c.data.metrics]
-    best = max(scored, key=lambda c: c.data.metrics[keys[0]]) if scored else None
+def rank_metric(reported: set[str], named: Optional[str]) -> Optional[str]:
+    """The metric the summary ranks jobs by, from the names the jobs reported: `named` (logger.sweep_rank_metric)
+    when set, else the first eval/<set>/accuracy by name, else rollout/reward_mean; None when none of them was
+    reported. A named metric that no job reported is a ConfigError naming the key and the nearest names."""
+    evals = sorted(k for k in reported if _eval_accuracy(k))
+    if named is None:
+        return evals[0] if evals else FALLBACK_METRIC if FALLBACK_METRIC in reported else None
+    if named in reported:
+        return named
+    hint = difflib.get_close_matches(named, sorted(reported), n=3, cutoff=0.5) or evals or sorted(reported)[:5]
+    raise ConfigError([f"{RANK_KEY}={named!r} is a metric no job of the sweep reported, so no job is ranked best; "
+                       f"set it to one they did ({', '.join(hint) or 'none reported'}), or null for the first "
+                       "eval/<set>/accuracy"])
+
+
+def summary_table(children, metric: Optional[str], direction: str) -> tuple[str, Any]:
+    """A markdown table of each job's final metrics (`metric` first, then every eval accuracy and the mean reward
+    the jobs reported) and the best job by `metric` (`direction`: max or min); None when no job reported it."""
+    reported = {k for c in children for k in c.data.metrics}
+    shown = sorted(k for k in reported if _eval_accuracy(k)) + [k for k in (FALLBACK_METRIC,) if k in reported]
+    keys = ([metric] if metric else []) + [k for k in shown if k != metric]
+    ordered = sorted(children, key=lambda c: c.data.tags.get("overrides", ""))
+    scored = [c for c in ordered if metric and metric in c.data.metrics]
+    pick = min if direction == "min" else max
+    best = pick(scored, key=lambda c: c.data.metrics[metric]) if scored else None
     tokens = {c.info.run_id: c.data.tags.get("overrides", "").split() for c in children}
     common = set.intersection(*(set(t) for t in tokens.values())) if tokens else set()
-    lines = ["| job overrides | status | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
-    for c in sorted(children, key=lambda c: c.data.tags.get("overrides", "")):
+    title = f"Jobs ranked by {metric} ({direction})" if metric else "Jobs not ranked: no metric to rank by"
+    lines = [title, "", "| job overrides | status | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+    for c in ordered:
         vals = " | ".join(f"{c.data.metrics[k]:.4f}" if k in c.data.metrics else "-" for k in keys)
         mark = " (best)" if best is not None and c.info.run_id == best.info.run_id else ""
         swept = " ".join(t for t in tokens[c.info.run_id] if t not in common)  # what differs between jobs

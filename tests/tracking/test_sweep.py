@@ -19,6 +19,7 @@ def test_ray_launcher_sweep_logs_parent_and_children(workdir, ray_head):
     proc = run_cli(args, workdir, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "| job overrides |" in proc.stdout and "(best)" in proc.stdout  # the sweep summary table
+    assert "Jobs ranked by eval/addition/accuracy (max)" in proc.stdout  # logger.sweep_rank_metric's default
 
     client = MlflowClient(db)
     exp = client.get_experiment_by_name("slime_hydra")
@@ -37,6 +38,7 @@ def test_ray_launcher_sweep_logs_parent_and_children(workdir, ray_head):
     dr = [r for r in children if r.data.params["algorithm.name"] == "dr_grpo"]
     assert all(r.data.params["algorithm.grpo_std_normalization"] == "False" for r in dr)
     assert parent.data.tags["best_run_id"] in {r.info.run_id for r in children}
+    assert parent.data.tags["rank_metric"] == "eval/addition/accuracy"
     assert "sweep_summary.md" in {a.path for a in client.list_artifacts(parent.info.run_id)}
 
 
