@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install run test test-all lint bench bench-rollout bench-algorithms bench-async bench-megatron bench-megatron-mix bench-sglang-gpu bench-data clean golden
+.PHONY: help install run test test-fast test-all lint bench bench-rollout bench-algorithms bench-async bench-megatron bench-megatron-mix bench-sglang-gpu bench-data clean golden
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -28,11 +28,17 @@ install: $(STAMP) ## create .venv and install the pinned stack (about 4 minutes,
 run: $(STAMP) ## set up, then run the embedded default (tiny Qwen3 learns addition on CPU)
 	$(VENV)/bin/slime-hydra
 
-test: $(STAMP) ## set up, then run the test tier CI runs
-	$(PY) -m pytest -q
+# the default tier on two workers, whole files each (module fixtures start once), in collection order (long modules first)
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
+
+test: $(STAMP) ## set up, then run the test tier CI runs (two workers)
+	$(PY) -m pytest -q $(XDIST)
+
+test-fast: $(STAMP) ## the unit layer for the edit-test loop: no Ray, no SGLang server, no megatron ranks, no whole runs (< 3 min)
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not gpu and not integration"
 
 test-all: $(STAMP) ## every test, slow ones included
-	$(PY) -m pytest -q -m "not gpu"
+	$(PY) -m pytest -q $(XDIST) -m "not gpu"
 
 bench: $(STAMP) ## the embedded default against TRL's GRPOTrainer, same model/data/reward/batch
 	$(PY) -m benchmarks.bench_grpo_vs_trl

@@ -30,3 +30,19 @@ def workdir(tmp_path, monkeypatch):
 def pytest_sessionfinish(session):
     if not hasattr(session.config, "workerinput"):  # the xdist controller, or a run without xdist: after every worker
         servers.stop_shared(session.config)
+
+
+# Modules that start engines, rank groups or whole CLI runs, longest first, with their seconds in one sequential
+# run of the tier (`pytest --durations=0`, 2-core machine). Under xdist (`make test`: two workers, whole files, in
+# collection order) the long modules start first, so the tier does not end waiting on one of them.
+LONG_MODULES = {
+    "tests/orchestration/test_megatron_sglang.py": 345, "tests/rollout/sglang/test_backend.py": 313,
+    "tests/orchestration/test_sglang_engines.py": 252, "tests/orchestration/test_megatron_group.py": 118,
+    "tests/engine/test_checkpoint.py": 111, "tests/training/megatron/test_critic.py": 110,
+    "tests/engine/test_watchdog.py": 89, "tests/training/test_packing.py": 79, "tests/orchestration/test_ray_backend.py": 79,
+    "tests/config/test_experiments.py": 77, "tests/rollout/sglang/test_weights.py": 54,
+}
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: -LONG_MODULES.get(item.nodeid.split("::", 1)[0], 0))  # stable: the rest keep their order

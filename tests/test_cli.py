@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from slime_hydra.cli import split_argv
 from tests.support.runs import run_cli
 
 
+@pytest.mark.integration
 def test_help_is_the_programs_own(workdir):
     out = run_cli(["--help"], workdir, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -26,6 +29,7 @@ def test_help_is_the_programs_own(workdir):
     assert short.returncode == 0 and short.stdout == out.stdout
 
 
+@pytest.mark.integration
 def test_check_hf_subcommand(workdir):
     usage = run_cli(["check-hf"], workdir, timeout=300)
     assert usage.returncode == 2 and usage.stderr.startswith("usage: slime-hydra check-hf CONFIG_JSON_OR_DIR")

@@ -43,6 +43,7 @@ def original(tmp_path_factory):
     return tmp, history
 
 
+@pytest.mark.integration
 def test_replay_trains_exactly_as_the_dumped_run(original):
     tmp, history = original
     header, rows = dump_rows(tmp / "dump" / "rollout_000001.jsonl")

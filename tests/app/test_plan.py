@@ -168,6 +168,7 @@ def test_other_config_errors_stop_the_plan(workdir):
     assert out.stderr.startswith("error: 1 config error:") and "cluster.actor_num_gpus_per_node" in out.stderr
 
 
+@pytest.mark.integration
 def test_readme_shows_the_4b_plan(workdir):
     """Through the CLI, as a user runs it, in a fresh interpreter that then says what the plan imported (neither Ray nor
     SGLang; torch without touching CUDA). The README's copy is the output of this commit."""

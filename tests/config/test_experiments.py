@@ -111,6 +111,7 @@ def test_every_cpu_experiment_is_launched_somewhere():
 
 
 @pytest.mark.parametrize("name", [n for n in CPU if n not in LAUNCHED_ELSEWHERE])
+@pytest.mark.integration
 def test_cpu_experiment_launches(name, tmp_path, request):
     """Through the CLI, as a user starts it: exit 0 and a rollout metric in the run's summary."""
     args = [f"experiment={name}", *ONE_ROLLOUT, f"hydra.run.dir={tmp_path}/run"]

@@ -75,6 +75,7 @@ def test_bad_data_lines_name_file_line_and_key(tmp_path, content, expected):
 
 
 @pytest.mark.parametrize("kind", ["missing", "empty", "malformed", "missing_key", "no_prompt_data", "bad_group", "bad_batch"])
+@pytest.mark.integration
 def test_cli_bad_input_exits_2_with_one_clear_message(workdir, kind):
     bad = workdir / "bad.jsonl"
     args = {

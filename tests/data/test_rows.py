@@ -128,6 +128,7 @@ def cli(workdir, *args):
     return proc
 
 
+@pytest.mark.integration
 def test_cli_non_utf8_exits_2_with_file_line(workdir):
     train = write(workdir / "latin1.jsonl", [GOOD, BAD_ROWS["non_utf8"][0]])
     # num_epoch counts the rows in preflight, which reads the file too
@@ -151,6 +152,7 @@ def test_eval_files_are_checked_with_their_own_keys(tmp_path):
     assert f"{held}:1: missing key 'answer'" in msg  # the eval set's own label_key, not data.label_key
 
 
+@pytest.mark.integration
 def test_cli_skip_trains_on_the_good_rows_and_logs_the_count(workdir):
     rows = [json.dumps({"prompt": f"{a}+{a}=", "label": str(2 * a)}) for a in range(10, 18)]
     path = write(workdir / "scraped.jsonl", rows[:4] + [BAD_ROWS["prompt_number"][0], BAD_ROWS["non_utf8"][0]] + rows[4:])

@@ -125,6 +125,7 @@ def test_resume_refuses_a_checkpoint_of_the_other_source(shards):
         stream(shards, buffer=16).load_state_dict(mem.state_dict())
 
 
+@pytest.mark.integration
 def test_memory_holds_the_buffer_and_one_block_over_200k_rows(tmp_path):
     path = tmp_path / "big.jsonl"
     with open(path, "w") as f:
@@ -228,6 +229,7 @@ def test_the_driver_reads_while_the_workers_start(shards):
         src.close()
 
 
+@pytest.mark.integration
 def test_workers_make_the_rows_the_driver_deferred(shards):
     """The driver reads the first batch's blocks (the workers take 2 s to start) with their rows deferred; once
     started, the workers make those rows too, and the driver then tokenizes nothing it serves while the workers
@@ -251,6 +253,7 @@ def test_workers_make_the_rows_the_driver_deferred(shards):
         src.close()
 
 
+@pytest.mark.integration
 def test_a_stalled_worker_and_a_dead_worker_stop_with_the_key_and_the_fix(shards):
     # the workers read every block (by default the driver reads the blocks no worker has taken yet: maybe all)
     stalled = stream(shards, buffer=16, workers=1, tokenizer=SlowTokenizer(seconds=600), timeout_s=3, driver_reads=False)
@@ -323,6 +326,7 @@ def test_streaming_refuses_what_it_cannot_do(override, refused):
         compose_run(["data.streaming=true", override])
 
 
+@pytest.mark.integration
 def test_cli_resume_of_a_streaming_run_with_workers_serves_the_uninterrupted_prompts(workdir):
     """Four rollouts uninterrupted (checkpoints after 2 and 4), then rollouts 3-4 again from the first checkpoint,
     through the CLI: the same prompts in the same order (a 64-prompt shuffle buffer over 7900 prompts)."""

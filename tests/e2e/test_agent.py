@@ -9,6 +9,8 @@ import pytest
 
 from tests.support.runs import run_cli
 
+pytestmark = pytest.mark.integration  # starts Ray, SGLang servers, megatron ranks or whole runs: not in `make test-fast`
+
 EXPERIMENT = "experiment=agent/qwen3-tiny-calculator-cpu-local-torch-v1"
 
 

@@ -13,6 +13,8 @@ from slime_hydra.app.session import run_session
 from tests.support.learning import report
 from tests.support.runs import FAST, mlflow_db, run_cli
 
+pytestmark = pytest.mark.integration  # starts Ray, SGLang servers, megatron ranks or whole runs: not in `make test-fast`
+
 PERF = "perf/"
 
 

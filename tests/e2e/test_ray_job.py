@@ -19,6 +19,8 @@ import pytest
 from tests.support.runs import FAST
 from tests.support.servers import BIN
 
+pytestmark = pytest.mark.integration  # starts Ray, SGLang servers, megatron ranks or whole runs: not in `make test-fast`
+
 LOCAL = "grpo/qwen3-tiny-addition-cpu-local-torch-v1"
 RAY = "grpo/qwen3-tiny-addition-cpu-ray-dp2-torch-v1"
 

@@ -85,6 +85,7 @@ def killed_and_resumed(tmp_path_factory):
     return work
 
 
+@pytest.mark.integration
 def test_killed_async_run_resumes_exactly(killed_and_resumed):
     work = killed_and_resumed
     ref, run = trained(work / "ref_rollouts"), trained(work / "run_rollouts")
@@ -92,6 +93,7 @@ def test_killed_async_run_resumes_exactly(killed_and_resumed):
     assert run == ref  # the same groups, responses, rewards and weight versions, rollout by rollout
 
 
+@pytest.mark.integration
 def test_killed_async_run_consumes_every_prompt_exactly_once(killed_and_resumed):
     import torch
 
@@ -115,6 +117,7 @@ def test_killed_async_run_consumes_every_prompt_exactly_once(killed_and_resumed)
     assert len({p for _, p in groups}) == len(groups) == 10 * 8
 
 
+@pytest.mark.integration
 def test_async_rollout_rate_is_over_the_generation_time(killed_and_resumed):
     """A rollout generated ahead leaves only a wait in the step (perf/rollout_time_s), so its rate is over the
     worker's generation time: rate x perf/rollout_generate_s = the response tokens trained that rollout."""

@@ -112,6 +112,7 @@ def assert_same_run(got_root: Path, ref_root: Path, how: str = "") -> None:
     assert w_got.keys() == w_ref.keys() and all(torch.equal(w_got[k], w_ref[k]) for k in w_ref), how
 
 
+@pytest.mark.integration
 def test_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(reference):
     """SIGKILL inside the save of rollout_000003 (its .tmp directory exists): rollout_000003 never appears, `latest`
     still names rollout_000001, and the resume from the save root ends bit-identical to the uninterrupted run."""
@@ -128,6 +129,7 @@ def test_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(referen
     assert_same_run(root, ref())
 
 
+@pytest.mark.integration
 def test_killed_between_publishing_and_latest_resumes_from_latest(reference):
     """SIGKILL after rollout_000003 was renamed into place but before `latest` moved to it: the resume takes what
     `latest` names (rollout_000001), warns that rollout_000003 was not taken, and ends bit-identical."""
@@ -142,6 +144,7 @@ def test_killed_between_publishing_and_latest_resumes_from_latest(reference):
     assert_same_run(root, ref())
 
 
+@pytest.mark.integration
 def test_killed_at_a_random_moment_resumes_exactly(reference):
     """SIGKILL at a random moment after the first checkpoint (generating, training, saving, between), no slowdown."""
     work, ref = reference
@@ -156,6 +159,7 @@ def test_killed_at_a_random_moment_resumes_exactly(reference):
     assert_same_run(root, ref(), f" (killed {then:.2f} s after the first checkpoint, latest {at_kill}, seed {SEED})")
 
 
+@pytest.mark.integration
 def test_a_checkpoint_write_that_hangs_is_a_stall_with_the_stacks_and_the_resume(reference):
     """A stuck filesystem: every fsync inside the save of rollout_000003 never returns. Checkpoint writes have no
     timeout of their own; the stall watchdog ends the run (exit 3) naming the intact rollout_000001, the dump shows
@@ -176,6 +180,7 @@ def test_a_checkpoint_write_that_hangs_is_a_stall_with_the_stacks_and_the_resume
     assert_same_run(root, ref())
 
 
+@pytest.mark.integration
 def test_broken_checkpoint_named_directly_exits_2_naming_the_file(reference, tmp_path):
     """load=<one checkpoint> whose weights are cut short: exit 2, the file and the save root to use instead."""
     work, ref = reference
@@ -200,6 +205,7 @@ def mount_tmpfs(path: Path, size: int) -> bool:
                           capture_output=True).returncode == 0
 
 
+@pytest.mark.integration
 def test_disk_full_during_a_save_keeps_the_previous_checkpoint(reference, tmp_path):
     """A real full disk: save on a tmpfs holding 1.5 checkpoints. The save of rollout_000003 fails: exit 2, a message
     naming the directory, `save`, `save_interval` and the intact rollout_000001, nothing left of the failed save;

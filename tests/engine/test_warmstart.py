@@ -79,6 +79,7 @@ def test_accuracy_check_scores_the_trainers_current_weights_greedily(components)
     assert check() == 0.5
 
 
+@pytest.mark.integration
 def test_target_lands_in_a_band_where_a_fixed_step_count_does_not(tmp_path):
     """Seed 1237: v3's 300 fixed SFT steps land at held-out 0.045 (docs/cpu_results.md); with a target of 0.3 on
     training prompts alone (no floor, whatever the default experiment sets) the warm start hands over in the band

@@ -101,6 +101,7 @@ def hangs_after_two_rollouts(sample, **kw):
     return 0.0
 
 
+@pytest.mark.integration
 def test_cli_run_whose_reward_hangs_exits_3_with_the_stacks(workdir, monkeypatch):
     """The deadline is max(20 s, 3 x the longest step): a loaded CI machine's slow rollouts 1-2 (a few seconds
     each) must not fire it (at 4 s it once fired inside rollout 2), the hang in rollout 3 must."""
@@ -129,6 +130,7 @@ def test_watchdog_and_reward_deadlines_are_checked_before_anything_starts():
     compose_run(["stall_watchdog=false"])
 
 
+@pytest.mark.integration
 def test_ray_run_whose_reward_hangs_dumps_every_actor_s_stacks(workdir, monkeypatch):
     """Under cluster.backend=ray the stall dump holds, after the driver's threads, every actor's stacks (the train
     rank, the rollout manager, its engine), each taken by SIGUSR2 through faulthandler (orchestration/stacks.py)."""

@@ -193,6 +193,7 @@ def test_random_checkpoint_converts_to_megatron_and_back(random_dir):
     assert set(back) == set(disk) and all(torch.equal(back[k], disk[k]) for k in disk)
 
 
+@pytest.mark.integration
 def test_run_from_the_directory_saves_checkpoints_that_load_back(random_dir, tmp_path):
     """The CLI with model.hf_checkpoint=<dir> (torch trainer, local rollout, CPU): 5 SFT steps (a random model's
     rewards are all 0, so GRPO alone would not move it) and two rollouts; the run's saved checkpoint loads with

@@ -18,6 +18,8 @@ from tests.support.megatron_cpu import shim
 from tests.support.runs import FAST
 from tests.support.servers import join_ray
 
+pytestmark = pytest.mark.integration  # starts Ray, SGLang servers, megatron ranks or whole runs: not in `make test-fast`
+
 SHIM_HOOK = "tests.support.megatron_cpu.shim.install"
 LAYOUTS = {  # tests/support/megatron_cpu/workers.py's LAYOUTS as overrides: 2 ranks, what is not TP or PP is DP
     "tp2": ["parallelism.tensor_model_parallel_size=2"],

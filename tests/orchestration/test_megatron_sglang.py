@@ -30,7 +30,7 @@ from tests.support.servers import join_ray
 
 SHIM_HOOK = "tests.support.megatron_cpu.shim.install"  # as tests/orchestration/test_megatron_group.py installs it
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.integration]
 
 EXPERIMENT = "experiment=grpo/qwen3-tiny-addition-cpu-sglang-torch-v1"
 # the two layouts of 2 ranks: TP=2 (DP=1), and TP=1 (DP=2: each rank trains its share of a step's samples)

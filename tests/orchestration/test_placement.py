@@ -19,6 +19,8 @@ from slime_hydra.errors import UserError  # noqa: E402
 from slime_hydra.orchestration import placement  # noqa: E402
 from tests.support.servers import join_ray  # noqa: E402
 
+pytestmark = pytest.mark.integration  # starts Ray, SGLang servers, megatron ranks or whole runs: not in `make test-fast`
+
 
 @pytest.fixture(scope="module")
 def session_ray(ray_head):

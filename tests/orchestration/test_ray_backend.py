@@ -15,6 +15,8 @@ from tests.support.runs import FAST, mlflow_db, run_cli
 from tests.support.servers import RAY_HEAD_CPUS, join_ray
 from tests.support.tiny import random_batch
 
+pytestmark = pytest.mark.integration  # starts Ray, SGLang servers, megatron ranks or whole runs: not in `make test-fast`
+
 
 @pytest.fixture(scope="module")
 def ray_cluster(ray_head):

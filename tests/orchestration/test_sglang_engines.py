@@ -24,7 +24,7 @@ from slime_hydra.types import SamplingParams, Status
 from tests.support.runs import FAST
 from tests.support.servers import join_ray
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.integration]
 
 EXPERIMENT = "experiment=grpo/qwen3-tiny-addition-cpu-sglang-torch-v1"
 ARGS = [EXPERIMENT, *FAST, "logger=none", "eval=none", "num_rollout=2", "cluster.backend=ray", "cluster.colocate=false",

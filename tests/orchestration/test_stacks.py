@@ -12,6 +12,8 @@ import ray
 from slime_hydra.orchestration.stacks import ActorProcess, collect, register
 from tests.support.servers import join_ray
 
+pytestmark = pytest.mark.integration  # starts Ray, SGLang servers, megatron ranks or whole runs: not in `make test-fast`
+
 
 @pytest.fixture
 def local_ray(ray_head):

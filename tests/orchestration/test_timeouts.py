@@ -25,6 +25,8 @@ from slime_hydra.orchestration.calls import RayCalls, get, outer_timeout_s
 from tests.support.runs import FAST
 from tests.support.servers import join_ray
 
+pytestmark = pytest.mark.integration  # starts Ray, SGLang servers, megatron ranks or whole runs: not in `make test-fast`
+
 SLACK_S = 8.0  # scheduling and RPC latency allowed beyond a deadline on a loaded machine
 
 

@@ -7,7 +7,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.runs import FAST
+
+pytestmark = pytest.mark.integration  # starts Ray, SGLang servers, megatron ranks or whole runs: not in `make test-fast`
 
 
 def test_two_concurrent_runs_into_mlflow_server(mlflow_server, workdir):

@@ -6,6 +6,8 @@ import pytest
 
 from tests.support.runs import FAST, mlflow_db, run_cli
 
+pytestmark = pytest.mark.integration  # starts Ray, SGLang servers, megatron ranks or whole runs: not in `make test-fast`
+
 
 def test_ray_launcher_sweep_logs_parent_and_children(workdir, ray_head):
     """4 jobs through the Hydra Ray launcher on the session's `ray start --head` cluster (one CPU each)."""

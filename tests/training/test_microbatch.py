@@ -247,6 +247,7 @@ def dp2_main(rank: int, port: int, out_dir: str) -> None:
     torch.save(res, os.path.join(out_dir, f"dp2_rank{rank}.pt"))
 
 
+@pytest.mark.integration
 def test_megatron_dp2_ranks_with_different_micro_batch_counts_give_the_single_step(tmp_path):
     """DP=2 (gloo, 2 processes): rank 0 holds rows 0, 2 (14 + 14 tokens, 2 x 14 = 28 > 25: two micro-batches), rank 1
     rows 1, 3 (10, 11: 2 x 11 = 22: one). Gradients are summed over DP once, after each rank's schedule, so the step

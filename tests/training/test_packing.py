@@ -317,6 +317,7 @@ def test_megatron_thd_rope_equals_megatron_per_sample_rope():
     assert torch.equal(one, rope_utils._apply_rotary_pos_emb_bshd(t[4][None, None], freqs[1:2])[0, 0])
 
 
+@pytest.mark.integration
 def test_megatron_packed_layers_compile_without_graph_breaks_of_their_own(monkeypatch):
     """train.megatron.compile_layers with thd: the packed path (model._thd_rope, SDPAttention._thd's varlen branch) traces
     without a graph break of its own; the only breaks are megatron-core's tp_group deprecation warning (warnings.warn),
@@ -397,6 +398,7 @@ def tp2_main(rank: int, port: int, out_dir: str) -> None:
     torch.save(res, os.path.join(out_dir, f"tp2_rank{rank}.pt"))
 
 
+@pytest.mark.integration
 def test_megatron_packed_tp2_equals_padded_tp1(tmp_path):
     """TP=2 (gloo, 2 processes; heads and the vocabulary split, no sequence parallelism), packed, against one process
     padded: the same step."""

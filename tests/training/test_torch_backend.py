@@ -109,6 +109,7 @@ def test_seq_mean_token_sum_norm_needs_max_response_len():
         torch_backend(base_model(), AlgorithmConfig(loss_aggregation="seq_mean_token_sum_norm"), train, 1.0, 1, CPU)
 
 
+@pytest.mark.integration
 def test_adam_impls_take_the_same_steps():
     """train.adam_impl=fused | foreach | for_loop: one AdamW, three implementations; two rollouts of training
     give the same weights to float64 rounding (and the steps did move them)."""

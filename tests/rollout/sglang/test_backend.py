@@ -21,7 +21,7 @@ from slime_hydra.errors import ConfigError
 from slime_hydra.types import SamplingParams, Status
 from tests.support.learning import report
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.integration]
 
 EXPERIMENT = "experiment=grpo/qwen3-tiny-addition-cpu-sglang-torch-v1"
 

@@ -19,6 +19,8 @@ from slime_hydra.rollout.sglang import weights as W
 from slime_hydra.rollout.sglang.client import RouterClient, SGLangRequestError
 from slime_hydra.types import SamplingParams
 
+pytestmark = pytest.mark.integration  # starts Ray, SGLang servers, megatron ranks or whole runs: not in `make test-fast`
+
 
 @contextlib.contextmanager
 def silent_on_post(answer_get: bool):

@@ -116,6 +116,7 @@ def mlflow_history(c, db: str, key: str) -> list[tuple[int, float]]:
 
 
 @pytest.mark.sglang
+@pytest.mark.integration
 def test_the_backend_figures_reach_mlflow_every_rollout_step(short_run):
     _, c, _, db, version = short_run
     sync_steps = list(range(1, NUM_ROLLOUT + 1))
@@ -139,6 +140,7 @@ def test_the_backend_figures_reach_mlflow_every_rollout_step(short_run):
 
 
 @pytest.mark.sglang
+@pytest.mark.integration
 def test_interleaved_dtypes_sync_in_ceil_bytes_over_buffer_requests_on_every_path(short_run, monkeypatch):
     """The trainer's weights with float32 norms and bf16 matrices (as a megatron export) into the float32
     engine: 3 requests from tensors, 3 over a gloo update group, 1 from disk; each time the engine equals

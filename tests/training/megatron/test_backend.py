@@ -108,6 +108,7 @@ def test_training_changes_log_probs_in_the_advantage_direction(single):
 
 
 @pytest.mark.parametrize("layout", list(workers.LAYOUTS))
+@pytest.mark.integration
 def test_parallel_layout_matches_single(single, parallel, layout):
     from transformers import AutoModelForCausalLM
 
@@ -177,6 +178,7 @@ def test_engine_resume_through_megatron_checkpoints_is_exact(single, tmp_path, d
 
 
 @pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"])
+@pytest.mark.integration
 def test_parallel_megatron_checkpoint_resumes_with_tp1(single, parallel, layout):
     """A checkpoint written by 2 ranks (TP=2 / PP=2 / DP=2 with the distributed optimizer) loads into TP=PP=DP=1
     and the next rollout matches the 2-rank run's (summation order only: 1e-4). dp2 resumes with the distributed
@@ -194,6 +196,7 @@ def test_parallel_megatron_checkpoint_resumes_with_tp1(single, parallel, layout)
     assert got["steps_done"] == 4
 
 
+@pytest.mark.integration
 def test_distributed_optimizer_resume_is_exact_and_kind_mismatch_is_refused(single, parallel, tmp_path):
     """Same layout with the distributed optimizer (DP=1): save after rollout 1, load into a fresh backend, rollout 2 is
     bit-identical. A checkpoint of the other optimizer kind is refused before loading, naming the key to set."""

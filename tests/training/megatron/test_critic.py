@@ -70,6 +70,7 @@ def test_first_ppo_steps_equal_the_torch_critics(setup, single):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.integration
 def test_parallel_layouts_equal_the_single_rank_critic(single, parallel, layout):
     """TP=2 (replicated head, vocab-free), PP=2 (values from the last stage, broadcast) and DP=2 (each rank its share of
     the rows, gradients summed by megatron's DDP, distributed optimizer) give the single-rank critic's numbers."""
@@ -117,6 +118,7 @@ def test_critic_checkpoint_resume_is_bit_exact(setup, single):
 
 
 # 99 s on this shared 2-core VM (the 40 rollouts ~0.9 s each, SFT warm start, 3 evals): under 2 min, the default tier
+@pytest.mark.integration
 def test_cli_ppo_run_with_megatron_backend_raises_accuracy(tmp_path):
     """The embedded default (SFT warm start) with algorithm=ppo and train=megatron through the CLI: the critic (values 0 at
     first, then learnt) drives GAE, and held-out accuracy rises over 40 rollouts on CPU."""
