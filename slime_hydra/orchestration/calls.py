@@ -9,7 +9,9 @@ remote traceback. Other exceptions raised by actor code pass through unchanged: 
 traceback is what explains them.
 
 The waits go one reference at a time (`ray.wait`), so the first failure ends the wait: a dead rank 1 is
-reported at once even while rank 0 sits in an all-reduce waiting for it.
+reported at once even while rank 0 sits in an all-reduce waiting for it. A rank whose collective fails is often the
+echo of a peer that died (gloo closes the pair), and which of the two reaches the driver first is a race: so an
+actor's own error waits up to DEATH_GRACE_S for the other calls, and a peer's death, the cause, is what is reported.
 """
 
 from __future__ import annotations
@@ -96,12 +98,30 @@ def get(refs: Any, what: str, timeout_s: float, labels: Optional[Sequence[str]] 
                 err = _failure(e, what, label_of[r], hint)
                 if err is None:
                     raise
+                if not isinstance(e, RayActorError):
+                    err = _peer_death(pending, what, label_of, hint) or err
                 raise err from None
     try:
         out = ray.get(todo, timeout=max(1.0, deadline - time.monotonic()))  # all ready: returns at once
     except GetTimeoutError:  # not expected: every reference was ready
         raise RunError(f"{what}: results did not arrive within {key}={timeout_s:g} s.{hint}") from None
     return out[0] if single else out
+
+
+DEATH_GRACE_S = 2.0
+
+
+def _peer_death(pending: list, what: str, label_of: dict, hint: str) -> Optional[RunError]:
+    """The death of another actor of the same call within DEATH_GRACE_S, if one died: the cause to report."""
+    ready, _ = ray.wait(pending, num_returns=len(pending), timeout=DEATH_GRACE_S) if pending else ([], [])
+    for r in ready:
+        try:
+            ray.get(r, timeout=0)
+        except RayActorError as e:
+            return _failure(e, what, label_of[r], hint)
+        except Exception:  # noqa: BLE001 - another rank's own error: the first one stands
+            pass
+    return None
 
 
 async def get_async(ref: Any, what: str, timeout_s: float, label: str = "", key: str = KEY,

@@ -289,9 +289,13 @@ def test_disaggregated_syncs_every_update_equal_and_matches_one_process(disaggre
     assert_engines_hold_rank0s_weights(cfg, c)
 
 
+KILL_GROUPS = 64  # 16 x 8 samples of 48 tokens took 2 s: a server still draining at SIGTERM could finish them all
+
+
 def test_killed_engine_actor_mid_rollout_loses_and_duplicates_nothing(disaggregated):
-    """Kill engine 0's actor (its server dies with it) while 16 groups x 8 samples are in flight: every sample comes back
-    once; the monitor starts a new actor on the same bundle, relaunches the server, resyncs it, and it serves."""
+    """Kill engine 0's actor (its server dies with it) while 64 groups x 8 samples are in flight (enough that the rollout
+    outlasts the server's exit by seconds even on an idle machine): every sample comes back once; the monitor starts a
+    new actor on the same bundle, relaunches the server, resyncs it, and it serves."""
     import httpx
     import ray
 
@@ -302,7 +306,7 @@ def test_killed_engine_actor_mid_rollout_loses_and_duplicates_nothing(disaggrega
     e, launcher = r.group.engines[0], r.group.launcher
     before = rank_update_groups(c.trainer.ranks[0])[0]
     actor, actor_pid, server = launcher.actors[0], launcher.actor_pids[0], e.process.pid
-    groups = c.source.next_groups(16)
+    groups = c.source.next_groups(KILL_GROUPS)
     samples = [s for g in groups for s in g]
     sp = SamplingParams(1.0, 1.0, -1, 48, ())  # no stop token: long enough that the kill lands mid-rollout
     out: dict = {}
@@ -315,8 +319,8 @@ def test_killed_engine_actor_mid_rollout_loses_and_duplicates_nothing(disaggrega
     assert not worker.is_alive()
     got = out["samples"]
     n = cfg.rollout.n_samples_per_prompt
-    assert len(got) == 16 * n and len({(s.group_index, s.index) for s in got}) == 16 * n  # none lost, none twice
-    assert len({s.group_index for s in got}) == 16
+    assert len(got) == KILL_GROUPS * n and len({(s.group_index, s.index) for s in got}) == KILL_GROUPS * n  # none lost, none twice
+    assert len({s.group_index for s in got}) == KILL_GROUPS
     assert all(s.status in (Status.COMPLETED, Status.TRUNCATED) and s.response_length >= 1 for s in got)
     assert e.healthy.wait(timeout=900), e.process.log_tail()
     print(f"engine actor killed: rollout back and engine 0 serving again after {time.monotonic() - t0:.0f} s, "
