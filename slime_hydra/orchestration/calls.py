@@ -84,6 +84,8 @@ def get(refs: Any, what: str, timeout_s: float, labels: Optional[Sequence[str]] 
     pending, deadline = list(todo), time.monotonic() + timeout_s
     while pending:
         ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not ready and time.monotonic() < deadline:  # ray.wait may return a little before its timeout
+            continue
         if not ready:
             stuck = ", ".join(label_of[r] for r in pending)
             done = len(todo) - len(pending)
