@@ -167,7 +167,7 @@ def _start_mlflow(root: Path) -> dict:
 
 
 @pytest.fixture(scope="session")
-def mlflow_server(request, tmp_path_factory):
+def mlflow_server(request):
     """The tracking URI (http://127.0.0.1:PORT) of a real `mlflow server`; its store is sqlite under a temp dir."""
     root = shared_root(request.config) / "mlflow_server"
     root.mkdir(exist_ok=True)
