@@ -1,4 +1,5 @@
-"""The interfaces the engine calls, all of them: rollout backend, train backend, tracker, reward scorer.
+"""The interfaces the engine calls, all of them: rollout backend, train backend, tracker, reward scorer, and the
+Weights a trainer hands the rollout.
 
 Bottom floor (imports only types and torch): the engine, the builders and every backend point down to
 here. Each Protocol lists every method the loop, the warm start and the checkpointing call; a capability
@@ -10,7 +11,7 @@ tests/static/typecheck/conformance.py assigns every backend class to its Protoco
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Protocol
+from typing import Any, Callable, Generic, Iterable, Iterator, Optional, Protocol, TypeVar
 
 import torch
 
@@ -38,11 +39,8 @@ class RolloutBackend(Protocol):
         backend whose generate always runs to the end does nothing."""
         ...
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None: ...
-
-    def snapshot_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
-        """The weights as they are now, for an update_weights later while training goes on (train_mode=async publishes
-        them): a copy (copied_weights), or a source that keeps its own copy where it is (the Ray ranks, on their devices)."""
+    def update_weights(self, weights: Weights, version: int) -> None:
+        """The engines take `weights` (iterated here, or sent by their holders: Weights.sender) and stamp `version`."""
         ...
 
     def metrics(self) -> dict[str, float]:
@@ -57,9 +55,52 @@ class RolloutBackend(Protocol):
     def shutdown(self) -> None: ...
 
 
-def copied_weights(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-    """RolloutBackend.snapshot_weights of a backend that holds no weights of its own until update_weights: a copy."""
-    return [(name, t.detach().clone()) for name, t in named_tensors]
+S = TypeVar("S")
+
+
+@dataclass(frozen=True)
+class Route(Generic[S]):
+    """A way for weights to reach a rollout's engines that the weights' holders may take themselves (Ray's train ranks
+    post handles to their own tensors, or broadcast them). The rollout that takes it declares it, with `S`, the type of
+    what sends by it (rollout/sglang/sources.TENSOR and DISTRIBUTED, orchestration/rank_weights.OBJECT_STORE)."""
+
+    name: str
+
+
+class Weights(Protocol):
+    """What a trainer hands the rollout (TrainBackend.named_weights), in one process or under Ray."""
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, tensor) of every weight, here: the trainer's tensors, or fetched from where they live."""
+        ...
+
+    def snapshot(self) -> Weights:
+        """These weights as they are now, for an update_weights later while training goes on (train_mode=async): a copy,
+        kept where the weights live (the Ray ranks copy theirs on their devices)."""
+        ...
+
+    def sender(self, route: Route[S]) -> Optional[S]:
+        """What sends these weights by `route` from where they live, or None where they do not send themselves that way
+        (the rollout then iterates them and sends from its own process)."""
+        ...
+
+
+class InProcessWeights:
+    """Weights of this process. `named()` yields them as they are when iterated (the live parameters); snapshot() holds
+    copies. They send themselves by no route: the rollout iterates them."""
+
+    def __init__(self, named: Callable[[], Iterable[tuple[str, torch.Tensor]]]):
+        self.named = named
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.named())
+
+    def snapshot(self) -> InProcessWeights:
+        held = [(name, t.detach().clone()) for name, t in self]
+        return InProcessWeights(lambda: held)
+
+    def sender(self, route: Route[S]) -> None:
+        return None
 
 
 @dataclass
@@ -113,7 +154,9 @@ class TrainBackend(Protocol):
         """[N, T] the critic's values on the loss mask (algorithm.advantage_estimator=ppo only)."""
         ...
 
-    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]: ...
+    def named_weights(self) -> Weights:
+        """The policy's weights under their Hugging Face names, for the rollout (iterated, snapshotted or sent)."""
+        ...
 
     def save_hf(self, path: str, tokenizer) -> None: ...
 

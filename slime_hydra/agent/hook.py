@@ -27,10 +27,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Optional
 
-import torch
-
 from slime_hydra.config.plugins import check_target, import_target, load_target
-from slime_hydra.protocols import RolloutBackend
+from slime_hydra.protocols import RolloutBackend, Weights
 from slime_hydra.types import Sample, SamplingParams, Status
 
 HOOK_KWARGS = ("generate", "tokenizer", "sampling", "max_turns")
@@ -201,11 +199,8 @@ class AgentRollout:
     def abort(self) -> None:
         self.backend.abort()
 
-    def snapshot_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
-        return self.backend.snapshot_weights(named_tensors)
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        self.backend.update_weights(named_tensors, version)
+    def update_weights(self, weights: Weights, version: int) -> None:
+        self.backend.update_weights(weights, version)
 
     def metrics(self) -> dict[str, float]:
         return self.backend.metrics()

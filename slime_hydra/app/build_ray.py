@@ -77,13 +77,16 @@ def build_train_group(cfg: RunConfig, specs: AlgorithmSpecs, model_cfg, pg, layo
     ranks (TP/PP/DP from `parallelism`; every rank takes the whole batch)."""
     from slime_hydra.orchestration.megatron_group import MegatronTrainGroup
     from slime_hydra.orchestration.train_group import TrainGroup
+    from slime_hydra.rollout.sglang.sources import route_of  # with the groups: its weight senders import httpx
 
     c, temperature = cfg.cluster, cfg.rollout.rollout_temperature
+    # the route the SGLang engines take the weights by, which the ranks serve themselves; local engines: the object store
+    route = route_of(cfg.rollout.weight_sync, c.colocate) if cfg.rollout.backend == "sglang" else None
     if cfg.train.backend == "megatron":
-        group = MegatronTrainGroup(pg, layout, c.num_threads, calls, c.distributed_timeout_s)
+        group = MegatronTrainGroup(pg, layout, c.num_threads, calls, c.distributed_timeout_s, route)
         group.setup(model_cfg, cfg.parallelism, specs, cfg.train.megatron, temperature, cfg.seed)
         return group
-    group = TrainGroup(pg, layout, c.num_threads, tracking_uri, run_id, calls, c.distributed_timeout_s)
+    group = TrainGroup(pg, layout, c.num_threads, tracking_uri, run_id, calls, c.distributed_timeout_s, route)
     group.setup(model_cfg, specs, temperature, cfg.seed)
     return group
 

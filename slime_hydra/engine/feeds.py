@@ -35,19 +35,17 @@ from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 import torch
 
 from slime_hydra.data.buffer import sample_from_dict, sample_to_dict
 from slime_hydra.engine.collect import Collected
 from slime_hydra.errors import RunError
-from slime_hydra.protocols import RolloutBackend
+from slime_hydra.protocols import RolloutBackend, Weights
 
 KEY = "async_rollout_timeout_s"
 CLOSE_WAIT_S = 30.0  # at close, how long a generation still running (the run failed elsewhere) may take to finish
-
-Weights = Iterable[tuple[str, torch.Tensor]]
 
 
 class RolloutFeed(Protocol):
@@ -176,7 +174,7 @@ class AheadGenerator:
     def update_weights(self, named_weights: Weights, version: int) -> None:
         """Published: the worker applies them before it starts its next generation. Snapshotted here, in the loop's
         thread, between train steps (the Ray ranks stage theirs: a collective that must not race the training)."""
-        self.weights = (self.rollout.snapshot_weights(named_weights), version)
+        self.weights = (named_weights.snapshot(), version)
 
     def fill(self, ahead: int) -> None:
         while len(self.queue) < ahead:

@@ -34,9 +34,9 @@ from slime_hydra.config.schema import MegatronConfig, ModelConfig, ParallelismCo
 from slime_hydra.orchestration import stacks
 from slime_hydra.orchestration.calls import RayCalls
 from slime_hydra.orchestration.placement import Layout, node_ip_and_free_port, on_bundle
-from slime_hydra.orchestration.rank_weights import RankStage, RankWeights, WeightsRef, engine_ranks, feeder_ranks
+from slime_hydra.orchestration.rank_weights import RankStage, RankWeights, WeightsRef, engine_ranks, feeder_ranks, weights_of
 from slime_hydra.orchestration.stacks import ActorProcess
-from slime_hydra.protocols import TrainBatch
+from slime_hydra.protocols import Route, TrainBatch
 from slime_hydra.training.distributed import collective_failures
 from slime_hydra.training.specs import AlgorithmSpecs
 
@@ -92,9 +92,11 @@ class MegatronRank(RankStage):
 class MegatronTrainGroup:
     """The driver's view of the megatron ranks; implements TrainBackend (slime_hydra/protocols.py)."""
 
-    def __init__(self, pg, layout: Layout, num_threads: Optional[int], calls: RayCalls, distributed_timeout_s: float):
+    def __init__(self, pg, layout: Layout, num_threads: Optional[int], calls: RayCalls, distributed_timeout_s: float,
+                 weight_route: Optional[Route] = None):
+        """weight_route: as TrainGroup's (the ranks serve it themselves with PP=1)."""
         world = len(layout.actor_bundles)
-        self.calls, self.distributed_timeout_s = calls, distributed_timeout_s
+        self.calls, self.distributed_timeout_s, self.weight_route = calls, distributed_timeout_s, weight_route
         self.labels = [f"rank {r}" for r in range(world)]
         self.layout = layout
         self.engine_ranks: Optional[list[list[int]]] = None  # set by setup: the pipeline split decides too
@@ -140,9 +142,7 @@ class MegatronTrainGroup:
         """PP=1: the ranks' TP-gathered weights, staged on their devices and sent from there when the rollout's route is
         one the ranks serve (orchestration/rank_weights.py). Otherwise, or when iterated: rank 0's gathered weights, left
         in the object store (the rollout manager passes the reference on)."""
-        if self.engine_ranks is None and self.feeders is None:
-            return self._in_object_store()
-        return RankWeights(self.ranks, self.engine_ranks, self.feeders, self.calls, self._in_object_store)
+        return weights_of(self.ranks, self.weight_route, self.engine_ranks, self.feeders, self.calls, self._in_object_store)
 
     def _in_object_store(self) -> WeightsRef:
         refs = [r.named_weights.options(num_returns=2).remote() for r in self.ranks]

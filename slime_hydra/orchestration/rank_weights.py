@@ -15,22 +15,28 @@ weights take the driver route (on GPUs, validation refuses the update group ther
 
 `RankStage` is the rank's half (a mixin of the rank actors): `stage_weights` is a collective of every rank (the TP
 gather) and keeps the tensors until the next stage on the ranks that send them; `weight_payload` serialises one bucket
-and keeps it alive until `drop_payload`; `broadcast_weights` feeds an engine's update group. `RankWeights` is the
-driver's half, a rollout/sglang/sources.TensorSource: the rollout stages it when it `serves` the rollout's route;
-otherwise (or when iterated) it falls back to the object-store route, and nothing is staged.
+and keeps it alive until `drop_payload`; `broadcast_weights` feeds an engine's update group. The driver's half is
+what a train group's named_weights returns (`weights_of`), Weights (slime_hydra/protocols.py) either way: `RankWeights`
+where the ranks send by the rollout's route themselves (its Sender: the rollout stages it and asks it to send), else a
+`WeightsRef` to rank 0's weights in the object store (iterated by the driver, or its reference handed to the rollout
+manager's engines: the OBJECT_STORE route).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, TypeVar, cast
 
 import torch
 
+from slime_hydra.protocols import Route
 from slime_hydra.rollout.sglang import distributed as D
 from slime_hydra.rollout.sglang import weights as W
+from slime_hydra.rollout.sglang.sources import DISTRIBUTED, TENSOR, Sender
 
 if TYPE_CHECKING:  # not at run time: `slime-hydra plan` reads engine_ranks without importing ray
     from slime_hydra.orchestration.calls import RayCalls
+
+S = TypeVar("S")
 
 
 class RankStage:
@@ -79,18 +85,43 @@ class RankStage:
         return [(name, t.detach().cpu()) for name, t in self._staged]
 
 
-class RankWeights:
-    """TensorSource over the ranks' staged weights. engine_ranks[e]: the ranks on engine e's bundles, in the engine's TP
-    order (None: not colocated). feeders[e]: the rank that broadcasts to engine e (None: PP>1). fallback(): the
-    object-store route (a WeightsRef), for whoever iterates."""
+class WeightsRef:
+    """Weights (slime_hydra/protocols.py): rank 0's (or its snapshot's) in the object store, put there when the ranks were
+    asked, before any later train step (an actor runs its calls in order), so they are a snapshot already. Iterating
+    fetches them; a rollout manager of local engines takes the reference as is (OBJECT_STORE)."""
 
-    def __init__(self, ranks: list, engine_ranks: Optional[list[list[int]]], feeders: Optional[list[int]], calls: RayCalls,
-                 fallback: Callable[[], object]):
-        self.ranks, self.engine_ranks, self.feeders, self.calls, self._fallback = ranks, engine_ranks, feeders, calls, fallback
+    def __init__(self, ref, calls: RayCalls):
+        self.ref, self.calls = ref, calls
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.calls.get(self.ref, "fetching the weights", ["rank 0"]))
+
+    def snapshot(self) -> WeightsRef:
+        return self
+
+    def sender(self, route: Route[S]) -> Optional[S]:
+        return cast(S, self) if route == OBJECT_STORE else None
+
+
+OBJECT_STORE: Route[WeightsRef] = Route("object store")  # the rollout manager hands the reference on to its engines
+
+
+class RankWeights:
+    """Weights (slime_hydra/protocols.py) the ranks send themselves by `route` (rollout/sglang/sources: TENSOR or
+    DISTRIBUTED): they are its sources.Sender. engine_ranks[e]: the ranks on engine e's bundles, in the engine's TP order
+    (the tensor route); feeders[e]: the rank that broadcasts to engine e (the distributed route); the other is None.
+    in_object_store(): rank 0's weights in the object store (a WeightsRef), for whoever iterates."""
+
+    def __init__(self, ranks: list, route: Route[Sender], engine_ranks: Optional[list[list[int]]],
+                 feeders: Optional[list[int]], calls: RayCalls, in_object_store: Callable[[], WeightsRef]):
+        self.ranks, self.route, self.engine_ranks, self.feeders, self.calls = ranks, route, engine_ranks, feeders, calls
+        self._in_object_store = in_object_store
         self._staged = False  # staged for this sync: stage() does nothing more
 
-    def serves(self, route: str) -> bool:
-        return {"tensor": self.engine_ranks, "distributed": self.feeders}.get(route) is not None
+    def sender(self, route: Route[S]) -> Optional[S]:
+        if route == self.route:
+            return cast(S, self)  # the route's sender type is sources.Sender, which this class implements
+        return cast(S, self._in_object_store()) if route == OBJECT_STORE else None
 
     def _holders(self) -> set[int]:
         return {r for rs in self.engine_ranks or () for r in rs} | set(self.feeders or ())
@@ -99,11 +130,12 @@ class RankWeights:
         """Every rank (a collective: megatron's TP gather) stages its tensors on its device; those that send keep them."""
         self._stage(self._holders(), copy=False)
 
-    def snapshot(self) -> None:
-        """stage() now, into copies (training goes on before they are sent: train_mode=async); rank 0 keeps one too,
-        which iterating (the routes the ranks do not serve) then reads instead of the ranks' live weights."""
+    def snapshot(self) -> RankWeights:
+        """These weights, staged now into copies on the ranks that send them (training goes on before they are sent:
+        train_mode=async); rank 0 keeps one too, which iterating then reads instead of the ranks' live weights."""
         self._stage(self._holders() | {0}, copy=True)
-        self._fallback = lambda: WeightsRef(self.ranks[0].staged_weights.remote(), self.calls)
+        self._in_object_store = lambda: WeightsRef(self.ranks[0].staged_weights.remote(), self.calls)
+        return self
 
     def _stage(self, holders: set[int], copy: bool) -> None:
         if self._staged:
@@ -142,22 +174,18 @@ class RankWeights:
         return self.calls.get(self.ranks[r].check_weights.remote(url, dtype, timeout), "check_weight_update_equal", [f"rank {r}"])
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter(self._fallback())
-
-    @property
-    def ref(self):
-        """The object-store reference a rollout manager of local engines hands on (WeightsRef.ref)."""
-        return self._fallback().ref
+        return iter(self._in_object_store())
 
 
-class WeightsRef:
-    """rank 0's weights (or its snapshot) in the object store: iterating fetches them; a rollout manager takes `.ref` as is."""
-
-    def __init__(self, ref, calls: RayCalls):
-        self.ref, self.calls = ref, calls
-
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter(self.calls.get(self.ref, "fetching the weights", ["rank 0"]))
+def weights_of(ranks: list, route: Optional[Route[Sender]], engine_ranks: Optional[list[list[int]]],
+               feeders: Optional[list[int]], calls: RayCalls, in_object_store: Callable[[], WeightsRef]) -> RankWeights | WeightsRef:
+    """A train group's weights for the rollout's `route`: RankWeights where the ranks send by it themselves (engine_ranks
+    for TENSOR, feeders for DISTRIBUTED), else rank 0's in the object store."""
+    if route == TENSOR and engine_ranks is not None:
+        return RankWeights(ranks, route, engine_ranks, None, calls, in_object_store)
+    if route == DISTRIBUTED and feeders is not None:
+        return RankWeights(ranks, route, None, feeders, calls, in_object_store)
+    return in_object_store()
 
 
 def engine_ranks(actor_bundles: tuple[int, ...], engine_bundles: tuple[tuple[int, ...], ...],

@@ -26,8 +26,9 @@ from slime_hydra.config.schema import ModelConfig, RolloutConfig
 from slime_hydra.orchestration import stacks
 from slime_hydra.orchestration.calls import RayCalls, get
 from slime_hydra.orchestration.placement import Layout, on_bundle
+from slime_hydra.orchestration.rank_weights import OBJECT_STORE
 from slime_hydra.orchestration.stacks import ActorProcess
-from slime_hydra.protocols import copied_weights
+from slime_hydra.protocols import Weights
 from slime_hydra.types import Sample, SamplingParams
 
 
@@ -155,12 +156,10 @@ class RemoteRollout:
     def abort(self) -> None:
         """Engines are synchronous actors: a generate call runs to the end, so every sample comes back done."""
 
-    def snapshot_weights(self, named_tensors) -> list:
-        return copied_weights(named_tensors)  # fetched here (the Ray ranks: rank 0's, through the object store)
-
-    def update_weights(self, named_tensors, version: int) -> None:
-        ref = getattr(named_tensors, "ref", None)
-        ref = ref if ref is not None else ray.put(list(named_tensors))
+    def update_weights(self, weights: Weights, version: int) -> None:
+        """Weights already in the object store (the train ranks') go on as their reference; others are put there."""
+        held = weights.sender(OBJECT_STORE)
+        ref = held.ref if held is not None else ray.put(list(weights))
         self.calls.get(self.manager.update_weights.remote([ref], version), "weight sync", ["the rollout manager"], nested=True)
         self.weight_version = version
 

@@ -28,9 +28,9 @@ from slime_hydra.config.schema import ModelConfig
 from slime_hydra.orchestration import stacks
 from slime_hydra.orchestration.calls import RayCalls
 from slime_hydra.orchestration.placement import Layout, node_ip_and_free_port, on_bundle
-from slime_hydra.orchestration.rank_weights import RankStage, RankWeights, WeightsRef, engine_ranks, feeder_ranks
+from slime_hydra.orchestration.rank_weights import RankStage, RankWeights, WeightsRef, engine_ranks, feeder_ranks, weights_of
 from slime_hydra.orchestration.stacks import ActorProcess
-from slime_hydra.protocols import TrainBatch
+from slime_hydra.protocols import Route, TrainBatch
 from slime_hydra.runtime import seed_everything
 from slime_hydra.training.specs import AlgorithmSpecs
 
@@ -119,9 +119,11 @@ class TrainGroup:
     """The driver's view of the ranks; implements TrainBackend."""
 
     def __init__(self, pg, layout: Layout, num_threads: Optional[int], tracking_uri: Optional[str], run_id: Optional[str],
-                 calls: RayCalls, distributed_timeout_s: float):
+                 calls: RayCalls, distributed_timeout_s: float, weight_route: Optional[Route] = None):
+        """weight_route: the route the rollout takes the weights by (rollout/sglang/sources.route_of), which the ranks
+        serve themselves where they can; None: rank 0's weights through the object store."""
         world = len(layout.actor_bundles)
-        self.calls, self.distributed_timeout_s = calls, distributed_timeout_s
+        self.calls, self.distributed_timeout_s, self.weight_route = calls, distributed_timeout_s, weight_route
         self.labels = [f"rank {r}" for r in range(world)]
         self.engine_ranks = engine_ranks(layout.actor_bundles, layout.engine_bundles)  # None: not colocated
         self.feeders = feeder_ranks(world, len(layout.engine_bundles))  # who broadcasts to each engine's update group
@@ -165,7 +167,7 @@ class TrainGroup:
     def named_weights(self) -> WeightsRef | RankWeights:
         """Each rank's own (identical) weights, staged on its device and sent from there when the rollout's route is
         one the ranks serve (orchestration/rank_weights.py). Otherwise, or when iterated: rank 0's, in the object store."""
-        return RankWeights(self.ranks, self.engine_ranks, self.feeders, self.calls, self._in_object_store)
+        return weights_of(self.ranks, self.weight_route, self.engine_ranks, self.feeders, self.calls, self._in_object_store)
 
     def _in_object_store(self) -> WeightsRef:
         return WeightsRef(self.ranks[0].named_weights.remote(), self.calls)

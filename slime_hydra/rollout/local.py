@@ -15,7 +15,6 @@ from typing import Iterable
 
 import torch
 
-from slime_hydra.protocols import copied_weights
 from slime_hydra.rollout.decoders import Decoder, PackedDecoder, TransformersDecoder
 from slime_hydra.rollout.sampling import sample_tokens
 from slime_hydra.types import Sample, SamplingParams, Status
@@ -123,9 +122,6 @@ class LocalRollout:
         s.loss_mask = list(s.loss_mask or [1] * len(prev))[: len(prev)] + [1] * n
         s.status = status
         s.weight_version = self.weight_version
-
-    def snapshot_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-        return copied_weights(named_tensors)
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:

@@ -7,11 +7,9 @@ state is MARKER so that a real run refuses to resume from it (the engine's build
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import torch
 
-from slime_hydra.protocols import TrainBatch
+from slime_hydra.protocols import InProcessWeights, TrainBatch
 
 MARKER = {"debug_rollout_only": True}
 
@@ -35,8 +33,8 @@ class NoTrain:
     def freeze_reference(self) -> None:
         pass
 
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter(())
+    def named_weights(self) -> InProcessWeights:
+        return InProcessWeights(lambda: ())
 
     def save_hf(self, path: str, tokenizer) -> None:
         pass  # no weights: nothing here could be resumed as a trained model

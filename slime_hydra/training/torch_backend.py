@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import copy
 from collections import defaultdict
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 
 from slime_hydra.algorithms import losses as L
 from slime_hydra.errors import ConfigError
-from slime_hydra.protocols import TrainBatch
+from slime_hydra.protocols import InProcessWeights, TrainBatch
 from slime_hydra.training.base import shaping_kl
 from slime_hydra.training.critic import TorchCritic, no_critic_in
 from slime_hydra.training.microbatch import micro_batch_indices
@@ -233,9 +233,8 @@ class TorchTrainBackend:
             p.grad = None
 
     # -- weights and state -------------------------------------------------------------------
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, p in self.model.named_parameters():
-            yield name, p.detach()
+    def named_weights(self) -> InProcessWeights:
+        return InProcessWeights(lambda: ((name, p.detach()) for name, p in self.model.named_parameters()))
 
     def save_hf(self, path: str, tokenizer) -> None:
         self.model.save_pretrained(path, safe_serialization=True)

@@ -39,9 +39,6 @@ class NoAbort:
     def update_weights(self, named_tensors, version):
         pass
 
-    def snapshot_weights(self, named_tensors):
-        return []
-
     def metrics(self):
         return {}
 
@@ -64,6 +61,6 @@ def test_a_backend_missing_a_method_fails_the_check(tmp_path):
     planted.write_text(NO_ABORT)
     rc, out = mypy(planted)
     assert rc == 1, out
-    assert ('no_abort.py:30: error: Incompatible types in assignment (expression has type "NoAbort", variable has type '
+    assert ('no_abort.py:27: error: Incompatible types in assignment (expression has type "NoAbort", variable has type '
             '"RolloutBackend")') in out, out
     assert 'note: "NoAbort" is missing following "RolloutBackend" protocol member:' in out and "note:     abort" in out, out

@@ -4,7 +4,7 @@ Generation posts each sample's token ids to the router (concurrency `sglang_serv
 engine) and reads back token ids, logprobs and the weight version that produced them. Weight sync
 goes to every engine directly, bucketed, inside pause_generation / continue_generation, and the
 version is stamped on the engine with the weights. Where the tensors are sent from is the weights'
-own business (sources.TensorSource: this process, or the train ranks under Ray); over update groups
+own business (Weights.sender on this rollout's route: the train ranks under Ray, else this process); over update groups
 the engines are synced at once (each engine's group has its own sender). With `use_fault_tolerance`, a dead engine is
 restarted by the health monitor and resynced (the last synced weights: the trainer's tensors, which
 do not change between a sync and the next train step, or the last checkpoint written for disk sync)
@@ -20,12 +20,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
 
 import httpx
 import torch
 
 from slime_hydra.config.schema import RolloutConfig
+from slime_hydra.protocols import Weights
 from slime_hydra.rollout.sglang import distributed as D
 from slime_hydra.rollout.sglang import sources as S
 from slime_hydra.rollout.sglang import weights as W
@@ -47,6 +48,7 @@ class SGLangRollout:
         launcher: where the server processes run (engines.LocalLauncher, children of this process, unless given)."""
         self.cfg, self.tokenizer, self.tp_size, self.dtype = cfg, tokenizer, tp_size, dtype
         self.mode = weight_sync_mode(cfg.weight_sync, colocate)
+        self.route = S.route_of(cfg.weight_sync, colocate)  # None: disk sync
         self.device, self.offload = device, offload
         self.dir = Path(output_dir) / "sglang"
         self.init_dir = self.dir / "model_init"
@@ -60,7 +62,7 @@ class SGLangRollout:
         self.synced_version: Optional[int] = None  # None until the first sync: engines report "default"
         self._update_groups = D.UpdateGroups(device)  # weight_sync=distributed from this process: one group per engine
         self._groups = self._update_groups.groups
-        self._last_weights: S.TensorSource = S.LocalTensors([], self._update_groups)
+        self._last_weights: S.Sender = S.LocalTensors([], self._update_groups)
         self._last_disk: Optional[Path] = None
         self._sync_lock = threading.Lock()
         self._aborted = False
@@ -142,17 +144,20 @@ class SGLangRollout:
 
     # -- weights --------------------------------------------------------------------------------------
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """named_tensors: the trainer's weights; a sources.TensorSource that serves this rollout's route (the Ray ranks)
-        is staged and sends itself; anything else is iterated (fetched here) and sent from this process."""
+    def update_weights(self, weights: Weights, version: int) -> None:
+        """weights: the trainer's. Those that send themselves by this rollout's route (the Ray ranks, sources.Sender) are
+        staged and send from where they live; any others are iterated (fetched here) and sent from this process."""
         t0 = time.perf_counter()
-        source = self._source(named_tensors)
+        own = weights.sender(self.route) if self.route is not None else None
+        local = S.LocalTensors(weights, self._update_groups) if own is None else None  # iterated: fetched here
+        source = own if own is not None else local
+        assert source is not None
         with self._sync_lock:
             if self._released:
                 self.resume_memory()
             source.stage()  # here, in the caller's thread: a restart's resync later re-sends what is staged
-            if self.mode == "disk":
-                self._last_disk = W.write_checkpoint(source.tensors, self.init_dir, self.dir / "weights", self.dtype)
+            if self.route is None and local is not None:  # disk sync: a checkpoint the engines reload
+                self._last_disk = W.write_checkpoint(local.tensors, self.init_dir, self.dir / "weights", self.dtype)
             t1 = time.perf_counter()
             requests = sum(self._on_engines([e for e in self.group.engines if e.healthy.is_set()],
                                             lambda e: self._sync_engine(e, source, version)))
@@ -167,18 +172,6 @@ class SGLangRollout:
             self.sync_stats = {"rollout/weight_sync_requests": float(requests), "perf/weight_sync_write_s": t1 - t0,
                                "perf/weight_sync_send_s": t2 - t1, "perf/weight_sync_check_s": time.perf_counter() - t2}
 
-    def snapshot_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> S.TensorSource:
-        """A source that serves this rollout's route keeps its copy where it is (the Ray ranks stage it now, on their
-        devices: update_weights then only sends it); anything else is copied here."""
-        source = self._source(named_tensors)
-        source.snapshot()
-        return source
-
-    def _source(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> S.TensorSource:
-        if self.mode != "disk" and isinstance(named_tensors, S.TensorSource) and named_tensors.serves(self.mode):
-            return named_tensors
-        return S.LocalTensors(named_tensors, self._update_groups)
-
     def _on_engines(self, engines: list[Engine], sync) -> list[int]:
         """sync(e) for each engine: at once over update groups (engines fed by different senders receive in parallel),
         one after another otherwise (handles and disk reloads share this host's memory and disk)."""
@@ -187,7 +180,7 @@ class SGLangRollout:
         with ThreadPoolExecutor(len(engines), thread_name_prefix="sglang-weight-sync") as pool:
             return list(pool.map(sync, engines))
 
-    def _sync_engine(self, e: Engine, source: S.TensorSource, version: int) -> int:
+    def _sync_engine(self, e: Engine, source: S.Sender, version: int) -> int:
         """-> the number of weight-update requests the engine got (buckets; 1 from disk)."""
         timeout = self.cfg.sglang_request_timeout_s
         paused = W.post(e.url, "/pause_generation", {}, timeout).status_code == 200

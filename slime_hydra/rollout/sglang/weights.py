@@ -11,7 +11,7 @@ HTTP. On CPU the handles must be shared-memory file names (torch's `file_system`
 the server dies. On CUDA they are CUDA IPC handles (sglang's patched reductions). sglang >= 0.5.2x wants
 the updates inside /begin_weight_update ... /end_weight_update; older releases have no such endpoints.
 Where the tensors are serialised (here, or in colocated train ranks under Ray, which post the same payloads through
-update_from_payloads) is a sources.TensorSource's choice.
+update_from_payloads) is the choice of the weights' sources.Sender.
 From disk: a safetensors file beside the engine's config, then /update_weights_from_disk.
 Over a distributed update group (disaggregated engines): `distributed`.
 """

@@ -38,7 +38,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from slime_hydra.algorithms import losses as L
 from slime_hydra.config.schema import MegatronConfig, ModelConfig, ParallelismConfig
-from slime_hydra.protocols import TrainBatch
+from slime_hydra.protocols import InProcessWeights, TrainBatch
 from slime_hydra.training.base import shaping_kl
 from slime_hydra.training.megatron import convert
 from slime_hydra.training.megatron.critic import MegatronCritic
@@ -380,8 +380,11 @@ class MegatronTrainBackend:
         dist.all_gather(parts, t.contiguous(), group=ps.get_tensor_model_parallel_group())
         return torch.cat(parts, dim=dim)
 
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF names and full (TP-gathered) tensors of this pipeline stage's weights."""
+    def named_weights(self) -> InProcessWeights:
+        """HF names and full (TP-gathered: iterating is a collective of the TP group) tensors of this stage's weights."""
+        return InProcessWeights(self._hf_weights)
+
+    def _hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         local = {k: v.detach() for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")}
         yield from convert.megatron_to_hf(local, self.mcfg, gather=self._gather, tp_size=ps.get_tensor_model_parallel_world_size(),
                                           vocab_size=self.vocab, **self._layout)

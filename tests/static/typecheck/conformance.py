@@ -7,15 +7,15 @@ from slime_hydra.agent.hook import AgentRollout
 from slime_hydra.data.source import PromptSource as InMemorySource
 from slime_hydra.data.stream import StreamingPromptSource
 from slime_hydra.orchestration.megatron_group import MegatronTrainGroup
-from slime_hydra.orchestration.rank_weights import RankWeights
+from slime_hydra.orchestration.rank_weights import RankWeights, WeightsRef
 from slime_hydra.orchestration.rollout_manager import RemoteRollout, RemoteSource
 from slime_hydra.orchestration.train_group import TrainGroup
-from slime_hydra.protocols import PromptSource, RolloutBackend, Scorer, Tracker, TrainBackend
+from slime_hydra.protocols import InProcessWeights, PromptSource, RolloutBackend, Scorer, Tracker, TrainBackend, Weights
 from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.rollout.local import LocalRollout
 from slime_hydra.rollout.replay import NoWeightSync, ReplayRollout
 from slime_hydra.rollout.sglang.backend import SGLangRollout
-from slime_hydra.rollout.sglang.sources import LocalTensors, TensorSource
+from slime_hydra.rollout.sglang.sources import LocalTensors, Sender
 from slime_hydra.tracking.base import NullTracker
 from slime_hydra.tracking.mlflow_tracker import MLflowTracker
 from slime_hydra.tracking.tensorboard_tracker import TensorBoardTracker
@@ -47,10 +47,17 @@ def train_backends(torch_: TorchTrainBackend, data_parallel: DataParallelTorchBa
     t = no_train
 
 
-def tensor_sources(local: LocalTensors, ranks: RankWeights) -> None:
-    w: TensorSource
-    w = local
+def weights(in_process: InProcessWeights, ranks: RankWeights, object_store: WeightsRef) -> None:
+    w: Weights
+    w = in_process
     w = ranks
+    w = object_store
+
+
+def senders(local: LocalTensors, ranks: RankWeights) -> None:
+    s: Sender
+    s = local
+    s = ranks
 
 
 def trackers(mlflow: MLflowTracker, tensorboard: TensorBoardTracker, null: NullTracker) -> None:
