@@ -56,8 +56,8 @@ def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
 
 
 class TrainRank(RankStage):
-    """One data-parallel rank (a Ray actor): a DataParallelTorchBackend on its bundle's device; RankStage: weights sent
-    to a colocated engine."""
+    """One data-parallel rank (a Ray actor): a TorchTrainBackend with data-parallel collectives on its bundle's device;
+    RankStage: weights sent to a colocated engine."""
 
     def __init__(self, rank: int, world_size: int, use_gpu: bool, num_threads: Optional[int],
                  tracking_uri: Optional[str], run_id: Optional[str]):
@@ -76,13 +76,14 @@ class TrainRank(RankStage):
     def setup(self, init_method: str, distributed_timeout_s: float, model: ModelConfig, specs: AlgorithmSpecs,
               temperature: float, seed: int) -> None:
         from slime_hydra.models.build import build_model, build_tokenizer
-        from slime_hydra.training.distributed import DataParallelTorchBackend, init_process_group
+        from slime_hydra.training.distributed import DataParallel, init_process_group
+        from slime_hydra.training.torch_backend import TorchTrainBackend
 
         init_process_group(self.rank, self.world_size, init_method, self.device, distributed_timeout_s)
         seed_everything(seed)
         net = build_model(model, build_tokenizer(model), seed)  # same seed: same initial weights on every rank
-        self.trainer = DataParallelTorchBackend(net, specs.loss, specs.optim, specs.batch, temperature, self.device,
-                                                critic=specs.critic, model_impl=model.model_impl)
+        self.trainer = TorchTrainBackend(net, specs.loss, specs.optim, specs.batch, temperature, self.device, critic=specs.critic,
+                                         model_impl=model.model_impl, collectives=DataParallel(self.device))
 
     def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
         t0 = time.perf_counter()

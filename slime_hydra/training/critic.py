@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 from collections import defaultdict
-from typing import Optional
 
 import torch
 from torch import nn
@@ -20,8 +19,10 @@ from torch import nn
 from slime_hydra.algorithms import losses as L
 from slime_hydra.algorithms.critic import value_loss
 from slime_hydra.protocols import TrainBatch
+from slime_hydra.training.collectives import ONE_PROCESS, Collectives
 from slime_hydra.training.microbatch import micro_batch_indices
 from slime_hydra.training.optim import adamw
+from slime_hydra.training.rollout_schedule import optimizer_steps
 from slime_hydra.training.schedule import lr_multiplier
 from slime_hydra.training.specs import BatchSpec, CriticSpec, LossSpec
 from slime_hydra.training.thd import Packed, pack, thd_forward, unpack
@@ -54,9 +55,11 @@ class ValueModel(nn.Module):
 
 
 class TorchCritic:
-    def __init__(self, policy: nn.Module, spec: CriticSpec, batch: BatchSpec, loss: LossSpec, device: torch.device):
-        """loss: the policy's LossSpec, whose aggregation (and its max_response_len) the value loss shares."""
-        self.spec, self.batch, self.device = spec, batch, device
+    def __init__(self, policy: nn.Module, spec: CriticSpec, batch: BatchSpec, loss: LossSpec, device: torch.device,
+                 collectives: Collectives = ONE_PROCESS):
+        """loss: the policy's LossSpec, whose aggregation (and its max_response_len) the value loss shares; collectives:
+        the policy's (a step's denominators and gradients summed over data-parallel ranks)."""
+        self.spec, self.batch, self.device, self.collectives = spec, batch, device, collectives
         self.loss_aggregation, self.max_response_len = loss.loss_aggregation, loss.max_response_len
         self.model = ValueModel(policy).to(device).train()
         o = spec.optim
@@ -98,43 +101,32 @@ class TorchCritic:
         """num_steps_per_rollout optimizer steps on batch.returns / batch.values -> train/value_* metrics."""
         if batch.returns is None or batch.values is None:
             raise ValueError("TorchCritic.train_rollout needs batch.returns and batch.values (advantage_estimator=ppo)")
-        steps = self.batch.num_steps_per_rollout
-        gbs = batch.num_samples // steps
-        mode = self.loss_aggregation
+        return optimizer_steps(batch, self.batch.num_steps_per_rollout, lambda step, idx: self._step(batch, idx))
+
+    def _step(self, batch: TrainBatch, idx: torch.Tensor) -> dict[str, float]:
+        mode, sum_ = self.loss_aggregation, self.collectives.sum
         metric_mode = L.metric_aggregation(mode)
-        sums: dict[str, float] = defaultdict(float)
-        for step in range(steps):
-            idx = torch.arange(step * gbs, (step + 1) * gbs)
-            denom = self._step_denominator([batch.loss_mask[idx]], mode, self.max_response_len)
-            metric_denom = self._step_denominator([batch.loss_mask[idx]], metric_mode)
-            self.optimizer.zero_grad(set_to_none=True)
-            m: dict[str, float] = defaultdict(float)
-            for mb_idx in self._micro_batches(batch, idx, forward_only=False):
-                mb = batch.select(mb_idx)
-                mask = mb.loss_mask.to(self.device)
-                v = self._values(mb)  # [n, T]
-                loss_tok, clipped = value_loss(v, mb.values.to(self.device, v.dtype), mb.returns.to(self.device, v.dtype),
-                                               self.spec.value_clip)
-                loss = 0.5 * L.aggregate(loss_tok, mask, mode, denom)  # 0.5 x squared error: dL/dV = V - G
-                loss.backward()
-                m["train/value_loss"] += loss.item()
-                m["train/value_clipfrac"] += L.aggregate(clipped, mask, metric_mode, metric_denom).item()
-                m["train/values_mean"] += L.aggregate(v.detach(), mask, metric_mode, metric_denom).item()
-            self._reduce_gradients()
-            max_norm = self.spec.optim.clip_grad if self.spec.optim.clip_grad > 0 else float("inf")
-            m["train/value_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-            self.optimizer.step()
-            self.scheduler.step()
-            for k, val in m.items():
-                sums[k] += val / steps
-        return dict(sums)
-
-    def _step_denominator(self, masks: list[torch.Tensor], mode: str, max_response_len: Optional[int] = None) -> float:
-        """The step's aggregation denominator (data-parallel ranks: summed over them, training/distributed.py)."""
-        return L.step_denominator(masks, mode, max_response_len)
-
-    def _reduce_gradients(self) -> None:
-        """Before the optimizer step: nothing in one process (data-parallel ranks: the sum over them)."""
+        denom = sum_(L.step_denominator([batch.loss_mask[idx]], mode, self.max_response_len))  # the whole step's
+        metric_denom = sum_(L.step_denominator([batch.loss_mask[idx]], metric_mode))
+        self.optimizer.zero_grad(set_to_none=True)
+        m: dict[str, float] = defaultdict(float)
+        for mb_idx in self._micro_batches(batch, idx, forward_only=False):
+            mb = batch.select(mb_idx)
+            mask = mb.loss_mask.to(self.device)
+            v = self._values(mb)  # [n, T]
+            loss_tok, clipped = value_loss(v, mb.values.to(self.device, v.dtype), mb.returns.to(self.device, v.dtype),
+                                           self.spec.value_clip)
+            loss = 0.5 * L.aggregate(loss_tok, mask, mode, denom)  # 0.5 x squared error: dL/dV = V - G
+            loss.backward()
+            m["train/value_loss"] += loss.item()
+            m["train/value_clipfrac"] += L.aggregate(clipped, mask, metric_mode, metric_denom).item()
+            m["train/values_mean"] += L.aggregate(v.detach(), mask, metric_mode, metric_denom).item()
+        self.collectives.reduce_gradients([p for p in self.model.parameters() if p.grad is not None])
+        max_norm = self.spec.optim.clip_grad if self.spec.optim.clip_grad > 0 else float("inf")
+        m["train/value_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        self.optimizer.step()
+        self.scheduler.step()
+        return m
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),

@@ -16,8 +16,9 @@ watchdog thread, as torch's TORCH_NCCL_ASYNC_ERROR_HANDLING says (default 3, Ski
 torn down), so the driver sees the rank die and names it; set to 0, nothing fires and the driver's
 `cluster.ray_call_timeout_s` is the deadline.
 
-PPO's critic (training/critic.py) steps the same way: its value-loss denominators are summed over the ranks and
-its gradients all-reduced before its clip and step (DataParallelCritic).
+The trainer takes these collectives as an object (`DataParallel`, a training/collectives.Collectives), and hands
+them to PPO's critic (training/critic.py), which steps the same way: its value-loss denominators are summed over the
+ranks and its gradients all-reduced before its clip and step.
 
 Left out: sharded optimizer state and bucketed overlap of communication with backward (that is what the
 megatron backend is for); the tiny model's gradients fit one flat buffer.
@@ -27,14 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from typing import Iterator, Optional
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
 from slime_hydra.errors import RunError
-from slime_hydra.training.critic import TorchCritic
-from slime_hydra.training.torch_backend import TorchTrainBackend
 
 KEY = "cluster.distributed_timeout_s"
 _timeout_s = [float(dist.default_pg_timeout.total_seconds())]  # this process's group's, once init_process_group set it
@@ -99,24 +98,14 @@ def all_reduce_gradients(params: list[torch.nn.Parameter]) -> None:
         offset += g.numel()
 
 
-class DataParallelCritic(TorchCritic):
-    """TorchCritic whose optimizer steps see the value-loss gradient of the step's samples on all ranks."""
+class DataParallel:
+    """training/collectives.Collectives of this process's data-parallel group: every sum and gradient all-reduced."""
 
-    def _step_denominator(self, masks: list[torch.Tensor], mode: str, max_response_len: Optional[int] = None) -> float:
-        return all_reduce_sum(super()._step_denominator(masks, mode, max_response_len), self.device)
+    def __init__(self, device: torch.device):
+        self.device = device
 
-    def _reduce_gradients(self) -> None:
-        all_reduce_gradients([p for p in self.model.parameters() if p.grad is not None])
+    def sum(self, value: float) -> float:
+        return all_reduce_sum(value, self.device)
 
-
-class DataParallelTorchBackend(TorchTrainBackend):
-    """TorchTrainBackend whose optimizer steps see the gradient of the step's samples on all ranks."""
-
-    critic_cls = DataParallelCritic
-
-    def _step_denominator(self, masks: list[torch.Tensor], mode: str) -> float:
-        return all_reduce_sum(super()._step_denominator(masks, mode), self.device)
-
-    def _clip_and_step(self) -> float:
-        all_reduce_gradients(self.params)
-        return super()._clip_and_step()
+    def reduce_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        all_reduce_gradients(params)

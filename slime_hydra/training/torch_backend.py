@@ -1,15 +1,12 @@
 """`train.backend=torch`: the HF model trained with AdamW and gradient accumulation.
 
 One rollout of `global_batch_size × num_steps_per_rollout` samples gives `num_steps_per_rollout`
-optimizer steps; each step's samples are split into micro-batches whose losses sum exactly to the
-step's loss (the aggregation denominator is the whole step's). Old log-probs are recomputed with
-the weights from before the rollout's first step for the samples of later steps; on the first step
-they *are* the current forward pass (detached), so its ppo_kl is exactly 0 and no extra pass is
-spent on them. With use_rollout_logprobs the rollout engine's log-probs are the old ones.
+optimizer steps (training/rollout_schedule.py: the steps, their old log-probs, the critic-only rollouts of ppo and
+the reference refresh of ref_update_interval, as under train=megatron); each step's samples are split into
+micro-batches whose losses sum exactly to the step's loss (the aggregation denominator is the whole step's).
 The loss is the LossSpec's (its surrogate a callable: PPO-clip, GSPO, CISPO or algorithm.custom_loss).
-Given a CriticSpec (ppo) the backend owns a critic (training/critic.py), trained on every rollout; the
-policy sits out its first num_critic_only_steps rollouts. ref_update_interval re-snapshots the KL
-reference from the policy every that many rollouts.
+Given a CriticSpec (ppo) the backend owns a critic (training/critic.py). Data-parallel ranks (Ray) differ only in
+their collectives (training/collectives.py): the step's denominators and gradients are summed over the ranks.
 """
 
 from __future__ import annotations
@@ -24,23 +21,27 @@ from slime_hydra.algorithms import losses as L
 from slime_hydra.errors import ConfigError
 from slime_hydra.protocols import InProcessWeights, TrainBatch
 from slime_hydra.training.base import shaping_kl
+from slime_hydra.training.collectives import ONE_PROCESS, Collectives
 from slime_hydra.training.critic import TorchCritic, no_critic_in
 from slime_hydra.training.microbatch import micro_batch_indices
 from slime_hydra.training.optim import adamw
 from slime_hydra.training.packed import packed_logits
 from slime_hydra.training.policy_loss import old_log_probs, policy_loss
 from slime_hydra.training.prefix import shared_prefix_logits
+from slime_hydra.training.rollout_schedule import RolloutSchedule
 from slime_hydra.training.schedule import lr_multiplier
 from slime_hydra.training.specs import BatchSpec, CriticSpec, LossSpec, OptimSpec
 from slime_hydra.training.thd import pack, thd_logits, unpack
 
 
 class TorchTrainBackend:
-    critic_cls: type[TorchCritic] = TorchCritic  # data-parallel ranks: one whose steps reduce over the ranks
     def __init__(self, model: torch.nn.Module, loss: LossSpec, optim: OptimSpec, batch: BatchSpec, temperature: float,
-                 device: torch.device, critic: Optional[CriticSpec] = None, model_impl: str = "transformers"):
+                 device: torch.device, critic: Optional[CriticSpec] = None, model_impl: str = "transformers",
+                 collectives: Collectives = ONE_PROCESS):
+        """collectives: what a step reduces over data-parallel ranks (training/distributed.DataParallel; one process:
+        nothing), the critic's steps too."""
         self.model = model.to(device).train()
-        self.device = device
+        self.device, self.collectives = device, collectives
         self.loss, self.optim, self.batch = loss, optim, batch
         self.temperature = temperature
         self.model_impl = model_impl  # transformers | native (training/packed.py)
@@ -53,9 +54,8 @@ class TorchTrainBackend:
             self.optimizer, lr_multiplier(optim.lr_decay_style, optim.lr_warmup_iters, optim.total_steps, optim.lr, optim.min_lr))
         self.ref_model: Optional[torch.nn.Module] = None
         self._sft_optimizer: Optional[torch.optim.Optimizer] = None
-        self.critic = self.critic_cls(self.model, critic, batch, loss, device) if critic is not None else None
-        self.critic_only_steps = critic.num_critic_only_steps if critic is not None else 0
-        self.rollouts_trained = 0  # rollouts seen by train_rollout (num_critic_only_steps, ref_update_interval)
+        self.critic = TorchCritic(self.model, critic, batch, loss, device, collectives) if critic is not None else None
+        self.schedule = RolloutSchedule.of(loss, batch, critic)
 
     def freeze_reference(self) -> None:
         """After any warm start: snapshot the KL reference, and start the critic from the policy's body."""
@@ -121,36 +121,8 @@ class TorchTrainBackend:
 
     # -- RL ----------------------------------------------------------------------------------
     def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
-        metrics = self.critic.train_rollout(batch) if self.critic is not None else {}
-        if self.rollouts_trained >= self.critic_only_steps:
-            metrics |= self._train_policy(batch)
-        self.rollouts_trained += 1
-        interval = self.loss.ref_update_interval
-        if interval and self.ref_model is not None and self.rollouts_trained % interval == 0:
-            self.ref_model.load_state_dict(self.model.state_dict())  # slime's --ref-update-interval
-        return metrics
-
-    def _train_policy(self, batch: TrainBatch) -> dict[str, float]:
-        steps = self.batch.num_steps_per_rollout
-        gbs = batch.num_samples // steps
-        old_later = self._old_log_probs_after_first_step(batch, gbs)
-        sums: dict[str, float] = defaultdict(float)
-        for step in range(steps):
-            idx = torch.arange(step * gbs, (step + 1) * gbs)
-            # the first step's old log-probs are its own forward pass, detached: ppo_kl is exactly 0
-            step_metrics = self._train_step(batch, idx, old_later if step > 0 else None)
-            for k, v in step_metrics.items():
-                sums[k] += v / steps
-        return dict(sums)
-
-    def _old_log_probs_after_first_step(self, batch: TrainBatch, gbs: int) -> Optional[torch.Tensor]:
-        """[N, T] pre-update log-probs for the samples of steps 2.. (None when one step or rollout log-probs)."""
-        if self.batch.num_steps_per_rollout == 1 or self.loss.use_rollout_logprobs:
-            return None
-        later = self.compute_log_probs(batch.select(torch.arange(gbs, batch.num_samples)))
-        out = torch.zeros_like(batch.loss_mask)
-        out[gbs:, : later.shape[1]] = later
-        return out
+        critic = None if self.critic is None else self.critic.train_rollout
+        return self.schedule.train(batch, self._train_step, self.compute_log_probs, critic, self.ref_model, self.model)
 
     def _train_step(self, batch: TrainBatch, idx: torch.Tensor, old_all: Optional[torch.Tensor]) -> dict[str, float]:
         mode = self.loss.loss_aggregation
@@ -175,8 +147,8 @@ class TorchTrainBackend:
         return dict(m)
 
     def _step_denominator(self, masks: list[torch.Tensor], mode: str) -> float:
-        """A step's aggregation denominator (training/distributed.py sums it over data-parallel ranks)."""
-        return L.step_denominator(masks, mode, self.loss.max_response_len)
+        """A step's aggregation denominator, summed over the data-parallel ranks."""
+        return self.collectives.sum(L.step_denominator(masks, mode, self.loss.max_response_len))
 
     def _micro_batch_loss(self, mb: TrainBatch, mb_idx: torch.Tensor, old_all: Optional[torch.Tensor], denom: float):
         """One micro-batch: (loss, scalar terms, per-token metrics, mask). Scalars sum exactly over micro-batches."""
@@ -203,6 +175,7 @@ class TorchTrainBackend:
                 p.grad.zero_()
 
     def _clip_and_step(self) -> float:
+        self.collectives.reduce_gradients(self.params)
         max_norm = self.optim.clip_grad if self.optim.clip_grad > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
         self.optimizer.step()
@@ -248,7 +221,7 @@ class TorchTrainBackend:
 
     def state_dict(self) -> dict:
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                 "rollouts_trained": self.rollouts_trained}
+                 "rollouts_trained": self.schedule.rollouts_trained}
         if self.ref_model is not None:
             state["ref_model"] = self.ref_model.state_dict()
         if self.critic is not None:
@@ -264,7 +237,7 @@ class TorchTrainBackend:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.rollouts_trained = state.get("rollouts_trained", 0)
+        self.schedule.rollouts_trained = state.get("rollouts_trained", 0)
         if self.critic is not None:
             if "critic" not in state:
                 raise ConfigError([no_critic_in("the checkpoint loaded (load=)")])

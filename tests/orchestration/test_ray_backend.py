@@ -179,7 +179,7 @@ def test_custom_generate_hook_runs_over_the_ray_engines(ray_cluster, tmp_path):
 
 def test_ray_ppo_matches_in_process_ppo(ray_cluster, tmp_path):
     """PPO on 2 torch ranks: the critic's value-loss denominators are summed and its gradients all-reduced over the
-    ranks (training/distributed.DataParallelCritic), so its train/value_* metrics and the policy's agree with one
+    ranks (the trainer's training/distributed.DataParallel collectives, which its critic takes too), so its train/value_* metrics and the policy's agree with one
     process to float32 rounding. Without the all-reduce each rank's critic would step on half the gradient: the
     ranks' value_grad_norm (reported by rank 0) would be about half the one-process norm and the loss would differ."""
     import json

@@ -83,7 +83,7 @@ def test_critic_only_steps_leave_the_policy_alone():
     # the count survives a checkpoint: a restored backend continues with the policy training
     b2, _ = ppo_backend(num_critic_only_steps=2)
     b2.load_state_dict(b.state_dict())
-    assert b2.rollouts_trained == 3 and torch.equal(flat(b2.critic.model), flat(b.critic.model))
+    assert b2.schedule.rollouts_trained == 3 and torch.equal(flat(b2.critic.model), flat(b.critic.model))
 
 
 def test_ref_update_interval_refreshes_the_reference():

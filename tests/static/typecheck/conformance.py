@@ -19,7 +19,8 @@ from slime_hydra.rollout.sglang.sources import LocalTensors, Sender
 from slime_hydra.tracking.base import NullTracker
 from slime_hydra.tracking.mlflow_tracker import MLflowTracker
 from slime_hydra.tracking.tensorboard_tracker import TensorBoardTracker
-from slime_hydra.training.distributed import DataParallelTorchBackend
+from slime_hydra.training.collectives import Collectives, OneProcess
+from slime_hydra.training.distributed import DataParallel
 from slime_hydra.training.megatron.backend import MegatronTrainBackend
 from slime_hydra.training.noop import NoTrain
 from slime_hydra.training.torch_backend import TorchTrainBackend
@@ -36,11 +37,10 @@ def rollout_backends(local: LocalRollout, sglang: SGLangRollout, remote: RemoteR
     r = no_sync
 
 
-def train_backends(torch_: TorchTrainBackend, data_parallel: DataParallelTorchBackend, megatron: MegatronTrainBackend,
-                   ray_group: TrainGroup, ray_megatron: MegatronTrainGroup, no_train: NoTrain) -> None:
+def train_backends(torch_: TorchTrainBackend, megatron: MegatronTrainBackend, ray_group: TrainGroup,
+                   ray_megatron: MegatronTrainGroup, no_train: NoTrain) -> None:
     t: TrainBackend
     t = torch_
-    t = data_parallel
     t = megatron
     t = ray_group
     t = ray_megatron
@@ -58,6 +58,12 @@ def senders(local: LocalTensors, ranks: RankWeights) -> None:
     s: Sender
     s = local
     s = ranks
+
+
+def collectives(one: OneProcess, data_parallel: DataParallel) -> None:
+    c: Collectives
+    c = one
+    c = data_parallel
 
 
 def trackers(mlflow: MLflowTracker, tensorboard: TensorBoardTracker, null: NullTracker) -> None:
