@@ -101,10 +101,10 @@ def trainer_for(backend: str, cfg, recompute: bool):
     m, dev = cfg.model, torch.device("cuda")
     s = algorithm_specs(cfg.algorithm, cfg.train, total_steps=100)
     if backend == "megatron":
-        from slime_hydra.training.megatron.backend import MegatronTrainBackend
+        from slime_hydra.training.megatron.trainer import build_trainer
 
-        return MegatronTrainBackend(None, SimpleNamespace(vocab_size=m.vocab_size), m, cfg.parallelism, s.loss, s.optim,
-                                    s.batch, cfg.train.megatron, 1.0, dev, seed=cfg.seed)
+        return build_trainer(None, SimpleNamespace(vocab_size=m.vocab_size), m, cfg.parallelism, cfg.train.megatron, s, 1.0,
+                             dev, seed=cfg.seed)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from slime_hydra.models.build import hf_config_kwargs
@@ -131,11 +131,11 @@ def run(backend: str, option: str, seq: int, mbs: int, gbs: int, warmup: int, it
     if backend == "megatron":  # compile parity: log-probs before any step, a checksum of the initial weights
         extra["lp0"] = trainer.compute_log_probs(b)
         extra["init_sum"] = sum(p.double().sum().item() for p in list(trainer.gpt.parameters())[:4])
-        mg = trainer.mg
+        mg = trainer.runner.megatron
         if mg.compile_log_probs:  # the same logits through the eager kernels: the compiled kernels' own difference
-            trainer.mg = dataclasses.replace(mg, compile_log_probs=False)
+            trainer.runner.megatron = dataclasses.replace(mg, compile_log_probs=False)
             extra["lp0_vs_eager_kernels_max_abs"] = float((trainer.compute_log_probs(b) - extra["lp0"]).abs().max())
-            trainer.mg = mg
+            trainer.runner.megatron = mg
     times, first = measure(trainer, b, warmup, iters)
     step_s = statistics.median(times)
     if profile_dir is not None:  # one more step under torch.profiler, after the timed ones

@@ -139,21 +139,22 @@ def compose(shape: Shape, variant: str, gbs: int, width: int, device: str):
 
 def build(cfg, vocab: int, device: torch.device):
     from slime_hydra.app.algorithm import algorithm_specs
-    from slime_hydra.training.megatron.backend import MegatronTrainBackend
+    from slime_hydra.training.megatron.trainer import build_trainer
 
     m, s = cfg.model, algorithm_specs(cfg.algorithm, cfg.train, total_steps=100)
-    return MegatronTrainBackend(None, SimpleNamespace(vocab_size=vocab), m, cfg.parallelism, s.loss, s.optim, s.batch,
-                                cfg.train.megatron, 1.0, device, seed=cfg.seed)
+    return build_trainer(None, SimpleNamespace(vocab_size=vocab), m, cfg.parallelism, cfg.train.megatron, s, 1.0, device,
+                         seed=cfg.seed)
 
 
 def layout(trainer, batch) -> dict:
     """The step's micro-batches as the trainer forms them: count, the largest one's positions run, padding fraction."""
-    mbs = trainer._micro_batches(batch, torch.arange(batch.num_samples))
+    r = trainer.runner
+    mbs = r.micro_batches(batch, torch.arange(batch.num_samples))
     real = [int(mb.attention_mask.sum()) for mb in mbs]
-    run = [n - mb.num_samples if trainer.thd else mb.num_samples * mb.input_ids.shape[1] for n, mb in zip(real, mbs)]
+    run = [n - mb.num_samples if r.thd else mb.num_samples * mb.input_ids.shape[1] for n, mb in zip(real, mbs)]
     ran = sum(run)
     return dict(micro_batches=len(mbs), max_micro_batch_tokens=max(run), samples_per_micro_batch=[mb.num_samples for mb in mbs],
-                padding_frac=round(0.0 if trainer.thd else 1 - sum(real) / ran, 4))
+                padding_frac=round(0.0 if r.thd else 1 - sum(real) / ran, 4))
 
 
 def dynamo_counts() -> tuple[int, int]:
@@ -204,8 +205,8 @@ def run_model(name: str, variants: list[str], gbs: int, warmup: int, iters: int,
     rows = []
     for v in variants:
         cfg, over = cfgs[v]
-        trainer.batch = algorithm_specs(cfg.algorithm, cfg.train, total_steps=100).batch
-        trainer.thd = trainer.batch.qkv_format == "thd"
+        trainer.runner.batch = algorithm_specs(cfg.algorithm, cfg.train, total_steps=100).batch
+        trainer.runner.thd = trainer.runner.batch.qkv_format == "thd"
         row = dict(model=name, variant=v, overrides=over, micro_batch_size=shape.micro_batch if v != "budget" else None,
                    max_tokens_per_gpu=shape.budget if v == "budget" else None, build_s=round(build_s, 1))
         try:

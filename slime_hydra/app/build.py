@@ -31,11 +31,11 @@ from slime_hydra.training.torch_backend import TorchTrainBackend
 
 def build_trainer(cfg: RunConfig, s: AlgorithmSpecs, model: torch.nn.Module, device: torch.device) -> TrainBackend:
     if cfg.train.backend == "megatron":  # GPTModel initialised from the HF model's weights (the rollout keeps the HF model)
-        from slime_hydra.training.megatron.backend import MegatronTrainBackend  # megatron.core: ~6 s, megatron runs only
+        from slime_hydra.training.megatron.trainer import build_trainer as megatron  # megatron.core: ~6 s, megatron runs only
 
-        return MegatronTrainBackend(model.state_dict(), model.config, cfg.model, cfg.parallelism, s.loss, s.optim, s.batch,
-                                    cfg.train.megatron, cfg.rollout.rollout_temperature, device, seed=cfg.seed,
-                                    distributed_timeout_s=cfg.cluster.distributed_timeout_s, critic=s.critic)
+        return megatron(model.state_dict(), model.config, cfg.model, cfg.parallelism, cfg.train.megatron, s,
+                        cfg.rollout.rollout_temperature, device, seed=cfg.seed,
+                        distributed_timeout_s=cfg.cluster.distributed_timeout_s)
     return TorchTrainBackend(model, s.loss, s.optim, s.batch, cfg.rollout.rollout_temperature, device, critic=s.critic,
                              model_impl=cfg.model.model_impl)
 

@@ -61,14 +61,13 @@ class MegatronRank(RankStage):
         from slime_hydra.models.build import build_model, build_tokenizer
         from slime_hydra.runtime import seed_everything
         from slime_hydra.training.distributed import init_process_group
-        from slime_hydra.training.megatron.backend import MegatronTrainBackend  # megatron-core: imported in the rank only
+        from slime_hydra.training.megatron.trainer import build_trainer  # megatron-core: imported in the rank only
 
         init_process_group(self.rank, self.world_size, init_method, self.device, distributed_timeout_s)
         seed_everything(seed)
         net = build_model(model, build_tokenizer(model), seed)  # the HF weights the single-process build converts
-        self.trainer = MegatronTrainBackend(net.state_dict(), net.config, model, parallel, specs.loss, specs.optim, specs.batch,
-                                            megatron, temperature, self.device, seed=seed,
-                                            distributed_timeout_s=distributed_timeout_s, critic=specs.critic)
+        self.trainer = build_trainer(net.state_dict(), net.config, model, parallel, megatron, specs, temperature, self.device,
+                                     seed=seed, distributed_timeout_s=distributed_timeout_s)
 
     def call(self, name: str, *args: Any) -> Any:
         """A collective of the call that times out (gloo; NCCL ends the process, see training/distributed.py) reaches

@@ -26,11 +26,10 @@ def torch_backend(model: torch.nn.Module, algorithm: AlgorithmConfig, train: Tra
 def megatron_backend(hf_weights, hf_config, model, parallel, algorithm: AlgorithmConfig, train: TrainConfig, temperature: float,
                      total_steps: int, device: torch.device, max_response_len: Optional[int] = None, **kw):
     # function-level: megatron is heavy, and on CPU the tests install their shim before it imports
-    from slime_hydra.training.megatron.backend import MegatronTrainBackend
+    from slime_hydra.training.megatron.trainer import build_trainer
 
     s = algorithm_specs(algorithm, train, total_steps, max_response_len)
-    return MegatronTrainBackend(hf_weights, hf_config, model, parallel, s.loss, s.optim, s.batch, train.megatron, temperature,
-                                device, critic=s.critic, **kw)
+    return build_trainer(hf_weights, hf_config, model, parallel, train.megatron, s, temperature, device, **kw)
 
 
 def algo_advantages(samples, algorithm: AlgorithmConfig, group_size: int, pad_id: int, trainer):

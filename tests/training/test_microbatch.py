@@ -209,8 +209,8 @@ def test_megatron_dynamic_batches_give_the_fixed_step():
         b = trainers.megatron_backend(hf.state_dict(), hf.config, cfg.model, cfg.parallelism, cfg.algorithm, train, 1.0, 10,
                                       CPU, max_response_len=8, seed=cfg.seed)
         if train.use_dynamic_batch_size:
-            assert [mb.idx.tolist() for mb in b._micro_batches(batch, torch.arange(4))] == [[0, 1], [2, 3]]
-            assert [mb.idx.tolist() for mb in b._micro_batches(batch, torch.arange(4), forward_only=True)] == [[0, 1, 2, 3]]
+            assert [mb.idx.tolist() for mb in b.runner.micro_batches(batch, torch.arange(4))] == [[0, 1], [2, 3]]
+            assert [mb.idx.tolist() for mb in b.runner.micro_batches(batch, torch.arange(4), forward_only=True)] == [[0, 1, 2, 3]]
         metrics = b.train_rollout(batch)
         results.append((metrics, b.compute_log_probs(batch)))
     (m_fixed, lp_fixed), (m_dyn, lp_dyn) = results
@@ -231,7 +231,7 @@ def train_once(parallel: dict, train_overrides: dict) -> dict:
                                   max_response_len=8, seed=cfg.seed)
     batch = workers.uneven_batch()
     mine = torch.arange(4)[torch.distributed.get_rank() :: torch.distributed.get_world_size()]
-    return {"micro_batches": [mb.idx.tolist() for mb in b._micro_batches(batch, mine)],
+    return {"micro_batches": [mb.idx.tolist() for mb in b.runner.micro_batches(batch, mine)],
             "metrics": b.train_rollout(batch), "after": b.compute_log_probs(batch)}
 
 

@@ -223,7 +223,7 @@ def megatron_run(cfg, hf, qkv_format: str, algo: AlgorithmConfig, **train_kw) ->
     batch = uneven_batch()
     before = b.compute_log_probs(batch)
     return {"before": before, "metrics": b.train_rollout(batch), "after": b.compute_log_probs(batch),
-            "micro_batches": [mb.idx.tolist() for mb in b._micro_batches(batch, torch.arange(4))]}
+            "micro_batches": [mb.idx.tolist() for mb in b.runner.micro_batches(batch, torch.arange(4))]}
 
 
 def assert_megatron_same(padded: dict, packed: dict, tag: str, tol: float = 1e-5):

@@ -4,7 +4,7 @@ As TorchCritic (training/critic.py): it starts from the policy's weights (Megatr
 any warm start: reset_from copies this stage's shards) with a zero-initialised value head, so the first values are 0;
 it has its own megatron optimizer (the CriticSpec's OptimSpec: train.critic_lr, the policy's schedule shape) and
 trains on the same clipped value loss, 0.5·agg(max((V_clip - G)², (V - G)²)), aggregated like the policy loss with the
-whole step's denominator. It runs through the backend's own pieces (micro-batches and token budgets, THD packing,
+whole step's denominator. It runs through the policy's runner (runner.py: micro-batches and token budgets, THD packing,
 megatron's pipeline schedule, DP share of the rows, metrics summed over DP and taken from the last stage), so its
 gradients are all-reduced over DP by megatron's DDP as the policy's are, in any TP/PP/DP layout.
 
@@ -19,7 +19,6 @@ Layout: values[:, t] = V(tokens[: t + 1]), as training/critic.py.
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict
 from functools import partial
 
 import torch
@@ -30,7 +29,8 @@ from megatron.core.transformer.module import MegatronModule
 from slime_hydra.algorithms import losses as L
 from slime_hydra.algorithms.critic import value_loss
 from slime_hydra.protocols import TrainBatch
-from slime_hydra.training.megatron.model import build_gpt
+from slime_hydra.training.megatron.runner import MegatronRunner
+from slime_hydra.training.rollout_schedule import optimizer_steps
 from slime_hydra.training.schedule import lr_multiplier
 from slime_hydra.training.specs import CriticSpec, LossSpec
 from slime_hydra.training.thd import unpack
@@ -52,20 +52,19 @@ class ValueHead(MegatronModule):
 
 
 class MegatronCritic:
-    def __init__(self, owner, spec: CriticSpec, loss: LossSpec):
-        """owner: the MegatronTrainBackend whose layout, micro-batching and schedule the critic shares (not imported
-        here: it imports this module). loss: the policy's LossSpec, whose aggregation the value loss shares."""
-        self.owner, self.spec = owner, spec
+    def __init__(self, runner: MegatronRunner, policy: torch.nn.Module, spec: CriticSpec, loss: LossSpec):
+        """runner: the policy's (its layout, micro-batching, schedule and collectives); policy: the GPT whose body the
+        critic starts from. loss: the policy's LossSpec, whose aggregation the value loss shares."""
+        self.runner, self.spec = runner, spec
         self.loss_aggregation, self.max_response_len = loss.loss_aggregation, loss.max_response_len
-        untied = dataclasses.replace(owner.mcfg, untie_embeddings_and_output_weights=True)
-        gpt = build_gpt(untied, owner.config, owner.vocab, owner.sdpa)
+        gpt = runner.new_gpt(model=dataclasses.replace(runner.model, untie_embeddings_and_output_weights=True))
         if ps.is_pipeline_last_stage():
-            gpt.output_layer = ValueHead(owner.config, owner.mcfg.hidden_size)
-        self.gpt = gpt.to(owner.device)
-        self._copy_body(owner.gpt)
-        self.ddp = owner._wrap(self.gpt)
+            gpt.output_layer = ValueHead(runner.config, runner.model.hidden_size).to(runner.device)
+        self.gpt = gpt
+        self._copy_body(policy)
+        self.ddp = runner.wrap(self.gpt)
         o = spec.optim
-        self.optimizer = owner._optimizer(o.lr, o.weight_decay, optim=o, ddp=self.ddp)
+        self.optimizer = runner.optimizer(self.ddp, o, o.lr, o.weight_decay)
         self.lr_at = lr_multiplier(o.lr_decay_style, o.lr_warmup_iters, o.total_steps, o.lr, o.min_lr)
         self.steps_done = 0
 
@@ -85,61 +84,38 @@ class MegatronCritic:
 
     def _values(self, mb: TrainBatch, out: torch.Tensor) -> torch.Tensor:
         """[n, T] values of a micro-batch from the model's [b, s, 1] output (packed: [1, S, 1], 0 past a row's end)."""
-        if self.owner.thd:
+        if self.runner.thd:
             return unpack(out[0, :, 0], mb.packed)
         return out[:, : mb.loss_mask.shape[1], 0]
 
     @torch.no_grad()
     def values(self, batch: TrainBatch) -> torch.Tensor:
         """[N, T] values of the rollout's states (the old values of the value loss), zero off the mask, on every rank."""
-        o = self.owner
-        self.ddp.eval()
-        mbs = o._micro_batches(batch, torch.arange(batch.num_samples), forward_only=True)
-
-        def loss_fn(mb, out):
-            return out.sum() * 0, torch.tensor(1), {"values": self._values(mb, out).float()}
-
-        outs = o._run(self.ddp, mbs, loss_fn, forward_only=True)
-        res = torch.zeros_like(batch.loss_mask)
-        for mb, x in zip(mbs, outs):
-            v = x["values"].cpu()
-            res[mb.idx, : v.shape[1]] = v
-        self.ddp.train()
-        return o._broadcast_last_stage(res) * batch.loss_mask
+        return self.runner.per_token(self.ddp, batch, self._values) * batch.loss_mask
 
     def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
         """num_steps_per_rollout optimizer steps on batch.returns / batch.values -> train/value_* metrics."""
         if batch.returns is None or batch.values is None:
             raise ValueError("MegatronCritic.train_rollout needs batch.returns and batch.values (advantage_estimator=ppo)")
-        o = self.owner
-        steps = o.batch.num_steps_per_rollout
-        gbs = batch.num_samples // steps
-        mode = self.loss_aggregation
+        return optimizer_steps(batch, self.runner.batch.num_steps_per_rollout, lambda step, idx: self._step(batch, idx))
+
+    def _step(self, batch: TrainBatch, idx: torch.Tensor) -> dict[str, float]:
+        r, mode = self.runner, self.loss_aggregation
         metric_mode = L.metric_aggregation(mode)
-        sums: dict[str, float] = defaultdict(float)
-        for step in range(steps):
-            idx = torch.arange(step * gbs, (step + 1) * gbs)
-            denom = L.step_denominator([batch.loss_mask[idx]], mode, self.max_response_len)  # the whole step's
-            metric_denom = L.step_denominator([batch.loss_mask[idx]], metric_mode)
-            mine = idx[ps.get_data_parallel_rank() :: ps.get_data_parallel_world_size()]  # this DP rank's share
-            self.ddp.zero_grad_buffer()
-            self.optimizer.zero_grad()
-            outs = o._run(self.ddp, o._micro_batches(batch, mine), partial(self._loss, denom=denom, metric_mode=metric_mode,
-                                                                            metric_denom=metric_denom), forward_only=False)
-            m: dict[str, float] = defaultdict(float)
-            for out in outs:
-                for k, v in out.items():
-                    m[f"train/{k}"] += float(v)
-            m = o._from_last_stage(o._sum_over_dp(m))
-            m["train/value_grad_norm"] = o._optimizer_step(self.optimizer, self.lr_at(self.steps_done) * self.spec.optim.lr)
-            self.steps_done += 1
-            for k, v in m.items():
-                sums[k] += v / steps
-        return dict(sums)
+        denom = L.step_denominator([batch.loss_mask[idx]], mode, self.max_response_len)  # the whole step's
+        metric_denom = L.step_denominator([batch.loss_mask[idx]], metric_mode)
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        outs = r.run(self.ddp, r.micro_batches(batch, r.dp_share(idx)),
+                     partial(self._loss, denom=denom, metric_mode=metric_mode, metric_denom=metric_denom), forward_only=False)
+        m = r.step_metrics(outs)
+        m["train/value_grad_norm"] = r.optimizer_step(self.optimizer, self.lr_at(self.steps_done) * self.spec.optim.lr)
+        self.steps_done += 1
+        return m
 
     def _loss(self, mb: TrainBatch, out: torch.Tensor, denom: float, metric_mode: str, metric_denom: float):
         """One micro-batch on the last stage: (loss, 1, metrics), TorchCritic's value loss."""
-        dev = self.owner.device
+        dev = self.runner.device
         mask = mb.loss_mask.to(dev)
         v = self._values(mb, out)  # [n, T]
         loss_tok, clipped = value_loss(v, mb.values.to(dev, v.dtype), mb.returns.to(dev, v.dtype), self.spec.value_clip)

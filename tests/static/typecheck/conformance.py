@@ -21,7 +21,7 @@ from slime_hydra.tracking.mlflow_tracker import MLflowTracker
 from slime_hydra.tracking.tensorboard_tracker import TensorBoardTracker
 from slime_hydra.training.collectives import Collectives, OneProcess
 from slime_hydra.training.distributed import DataParallel
-from slime_hydra.training.megatron.backend import MegatronTrainBackend
+from slime_hydra.training.megatron.trainer import MegatronTrainBackend
 from slime_hydra.training.noop import NoTrain
 from slime_hydra.training.torch_backend import TorchTrainBackend
 

@@ -66,8 +66,8 @@ def sft_steps(b, batch) -> dict:
     """Two SFT warm-start steps (lr 1e-3): their losses, and the gradient norms megatron's optimizer computed (before
     clipping; sft_step returns only the loss, so the backend's optimizer step is watched, not changed)."""
     norms = []
-    step = b._optimizer_step
-    b._optimizer_step = lambda optimizer, lr: norms.append(step(optimizer, lr)) or norms[-1]
+    step = b.runner.optimizer_step
+    b.runner.optimizer_step = lambda optimizer, lr: norms.append(step(optimizer, lr)) or norms[-1]
     losses = [b.sft_step(batch, 1e-3) for _ in range(2)]
     return {"losses": losses, "grad_norms": norms}
 
