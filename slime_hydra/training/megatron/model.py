@@ -73,28 +73,31 @@ def _norm(config: TransformerConfig):
     return WrappedTorchNorm(config=config, hidden_size=config.hidden_size, eps=config.layernorm_epsilon)
 
 
-class PostNormSelfAttention(SelfAttention):
+class _PostNorm:
+    """glm4: the output of the module it is mixed into is normed before the residual add; NORM names the norm (the
+    checkpoint's name, convert.py maps it)."""
+
+    NORM: str
+
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        setattr(self, self.NORM, _norm(config))
+
+    def forward(self, *args, **kwargs):
+        out, bias = super().forward(*args, **kwargs)
+        return getattr(self, self.NORM)(out), bias
+
+
+class PostNormSelfAttention(_PostNorm, SelfAttention):
     """glm4: attention whose output is normed before the residual add (post_self_attn_layernorm)."""
 
-    def __init__(self, config, *args, **kwargs):
-        super().__init__(config, *args, **kwargs)
-        self.post_self_attn_layernorm = _norm(config)
-
-    def forward(self, *args, **kwargs):
-        out, bias = super().forward(*args, **kwargs)
-        return self.post_self_attn_layernorm(out), bias
+    NORM = "post_self_attn_layernorm"
 
 
-class PostNormMLP(MLP):
+class PostNormMLP(_PostNorm, MLP):
     """glm4: an MLP whose output is normed before the residual add (post_mlp_layernorm)."""
 
-    def __init__(self, config, *args, **kwargs):
-        super().__init__(config, *args, **kwargs)
-        self.post_mlp_layernorm = _norm(config)
-
-    def forward(self, *args, **kwargs):
-        out, bias = super().forward(*args, **kwargs)
-        return self.post_mlp_layernorm(out), bias
+    NORM = "post_mlp_layernorm"
 
 
 def padded_vocab_size(vocab: int, tp: int, multiple: int = 128) -> int:
