@@ -98,6 +98,7 @@ def throughput(args, out: Path) -> dict:
     from slime_hydra.app.build import build_rollout
     from slime_hydra.app.preflight import compose_run
     from slime_hydra.models.build import build_model, build_tokenizer
+    from slime_hydra.protocols import InProcessWeights
     from slime_hydra.rollout.sglang import weights as W
     from slime_hydra.types import SamplingParams
 
@@ -129,7 +130,7 @@ def throughput(args, out: Path) -> dict:
     sp = SamplingParams(1.0, 1.0, -1, args.new_tokens, ())  # no stop ids; eos from a random model: ~1 in 150k tokens
     try:
         rollout.offload = False  # timing generate alone; release/resume is measured below
-        rollout.update_weights([(n, p.detach()) for n, p in model.named_parameters()], version=0)
+        rollout.update_weights(InProcessWeights.of((n, p.detach()) for n, p in model.named_parameters()), version=0)
         for rb in (1, 32):
             rates, short = [], 0
             for i, batch in enumerate(prompts):
@@ -153,7 +154,7 @@ def throughput(args, out: Path) -> dict:
                         p.mul_(1.0001)  # new weights each sync
                 version += 1
                 t = time.perf_counter()
-                rollout.update_weights(named(), version=version)
+                rollout.update_weights(InProcessWeights.of(named()), version=version)
                 times.append(time.perf_counter() - t)
             syncs[f"{buf // MiB}MiB"] = {"buckets": sum(1 for _ in W.buckets(named(), buf)), "first_s": times[0],
                                         "median_s": statistics.median(times[1:])}
@@ -187,7 +188,7 @@ def throughput(args, out: Path) -> dict:
         t_res = time.perf_counter() - t
         free2 = free()
         version += 1
-        rollout.update_weights(named(), version=version)  # released weights are gone: resync after resume
+        rollout.update_weights(InProcessWeights.of(named()), version=version)  # released weights are gone: resync after resume
         W.check_equal(url, named(), cfg.model.dtype, 600)
         dt, samples = backend_generate(rollout, prompts[1], sp, 1)
         res["memory"] = {"free_gib_before": free0 / 2**30, "free_gib_released": free1 / 2**30,

@@ -92,12 +92,17 @@ class InProcessWeights:
     def __init__(self, named: Callable[[], Iterable[tuple[str, torch.Tensor]]]):
         self.named = named
 
+    @classmethod
+    def of(cls, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> InProcessWeights:
+        """Weights of these (name, tensor) pairs, listed now."""
+        held = list(named_tensors)
+        return cls(lambda: held)
+
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         return iter(self.named())
 
     def snapshot(self) -> InProcessWeights:
-        held = [(name, t.detach().clone()) for name, t in self]
-        return InProcessWeights(lambda: held)
+        return InProcessWeights.of((name, t.detach().clone()) for name, t in self)
 
     def sender(self, route: Route[S]) -> None:
         return None

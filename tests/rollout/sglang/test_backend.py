@@ -18,6 +18,7 @@ import pytest
 
 from slime_hydra.app.preflight import compose_run
 from slime_hydra.errors import ConfigError
+from slime_hydra.protocols import InProcessWeights
 from slime_hydra.types import SamplingParams, Status
 from tests.support.learning import report
 
@@ -190,7 +191,7 @@ def test_weight_versions_advance_and_engines_equal_the_trainer(sglang_run):
     assert len(list(W.buckets(named, biggest))) > 10  # 46 tensors of the tiny model
     r.cfg.update_weight_buffer_size, before = biggest, r.cfg.update_weight_buffer_size
     try:
-        r.update_weights(named, version=r.weight_version)  # check_weight_update_equal: raises if any differs
+        r.update_weights(InProcessWeights.of(named), version=r.weight_version)  # check_weight_update_equal: raises if any differs
     finally:
         r.cfg.update_weight_buffer_size = before
     assert W.check_equal(e0.url, named, cfg.model.dtype, 60) == len(named)
@@ -198,7 +199,7 @@ def test_weight_versions_advance_and_engines_equal_the_trainer(sglang_run):
     e1 = r.group.engines[1]
     W.update_from_tensors(e1.url, [(n, t + 0.5) for n, t in named], r.weight_version, 1, 1 << 20, cfg.model.dtype, 60)
     assert W.check_equal(e1.url, [(n, t + 0.5) for n, t in named], cfg.model.dtype, 60) == len(named)
-    r.update_weights(named, version=r.weight_version)
+    r.update_weights(InProcessWeights.of(named), version=r.weight_version)
 
 
 def test_abort_returns_partial_samples_and_engines_keep_serving(sglang_run):

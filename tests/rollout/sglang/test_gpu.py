@@ -18,6 +18,7 @@ def test_distributed_sync_over_nccl_makes_the_engine_equal_the_trainer(tmp_path)
     from slime_hydra.app.build import build_rollout
     from slime_hydra.app.preflight import compose_run
     from slime_hydra.models.build import build_model, build_tokenizer
+    from slime_hydra.protocols import InProcessWeights
     from slime_hydra.rollout.sglang import weights as W
 
     cfg = compose_run(["rollout=sglang", "cluster.device=cuda", "cluster.colocate=false", "cluster.rollout_num_gpus=1",
@@ -29,7 +30,7 @@ def test_distributed_sync_over_nccl_makes_the_engine_equal_the_trainer(tmp_path)
     try:
         assert r.mode == "distributed"
         named = [(n, t.detach() + 0.25) for n, t in model.state_dict().items()]  # differs from what the engine loaded
-        r.update_weights(named, version=1)
+        r.update_weights(InProcessWeights.of(named), version=1)
         assert r._groups[0].backend == "nccl"
         e = r.group.engines[0]
         assert W.check_equal(e.url, named, cfg.model.dtype, 120) == len(named)

@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 
+from slime_hydra.protocols import InProcessWeights
 from slime_hydra.rollout.sglang import weights as W
 
 KiB = 1024
@@ -163,7 +164,7 @@ def test_interleaved_dtypes_sync_in_ceil_bytes_over_buffer_requests_on_every_pat
 
     monkeypatch.setattr(W, "post", counting_post)
     assert r.mode == "tensor"
-    r.update_weights(named, version=100)  # check_weight_update_equal=true: raises if the engine differs
+    r.update_weights(InProcessWeights.of(named), version=100)  # check_weight_update_equal=true: raises if the engine differs
     assert r.metrics()["rollout/weight_sync_requests"] == REQUESTS == calls.count("/update_weights_from_tensor")
     assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)
     # the distributed path to the same engine, with the matrices moved so the engine must change
