@@ -1,7 +1,7 @@
 """`slime-hydra` / `python -m slime_hydra`: preflight (compose + validate all jobs), then the Hydra app.
 
-The front door only: it reads the command line, prints the program's own --help, hands `check-hf`
-to app/hf_check.py, `plan` to app/plan.py and the run to the composition floor (app/). Bad input exits with code 2 and one
+The front door only: it reads the command line, prints the program's own --help, runs `check-hf` (the composed
+model option against models/hf_check.py), hands `plan` to app/plan.py and the run to the composition floor (app/). Bad input exits with code 2 and one
 clear message, never a traceback.
 """
 
@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import sys
 
-from slime_hydra.app import hf_check, plan
-from slime_hydra.app.preflight import preflight
-from slime_hydra.config.preflight import Composer
+from slime_hydra.app import plan
+from slime_hydra.app.preflight import compose_run, preflight
+from slime_hydra.config.compose import Composer
 from slime_hydra.config.store import CONF_DIR, register
 from slime_hydra.errors import RunError, UserError
+from slime_hydra.models.hf_check import check_hf_config
 
 # flags of Hydra's own CLI that take a value
 _VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
@@ -115,11 +116,33 @@ def plan_command(argv: list[str]) -> int:
     return plan.main(overrides, config_name, gpus_per_node)
 
 
+CHECK_HF_USAGE = "usage: slime-hydra check-hf CONFIG_JSON_OR_DIR [model=<option> overrides...]"
+
+
+def check_hf_command(argv: list[str]) -> int:
+    """`slime-hydra check-hf DIR [model=<option> overrides...]`: does the composed model option match a Hugging Face
+    config.json? Prints each mismatch; exit 0 when they match, 2 otherwise."""
+    if not argv or argv[0].startswith("-") or "=" in argv[0]:
+        print(CHECK_HF_USAGE, file=sys.stderr)
+        return 2
+    try:
+        model = compose_run(argv[1:]).model
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    problems = check_hf_config(model, argv[0])
+    for p in problems:
+        print(f"mismatch: {p}")
+    if not problems:
+        print(f"model={model.name} matches {argv[0]}")
+    return 2 if problems else 0
+
+
 def main() -> None:
     _set_env_defaults()
     argv = sys.argv[1:]
     if argv[:1] == ["check-hf"]:
-        sys.exit(hf_check.main(argv[1:]))
+        sys.exit(check_hf_command(argv[1:]))
     if argv[:1] == ["plan"]:
         sys.exit(plan_command(argv[1:]))
     if "--help" in argv or "-h" in argv:

@@ -3,7 +3,7 @@
 config/ sits below this floor and cannot see the table, so the estimator's name and everything that depends on
 what it is (a group baseline, a critic, the shaped KL, whitening) is checked here; app/checks.py calls `check`
 after the config's own checks. Each problem names the key and the fix. Checks that read no estimator fact stay
-in config/validate_algorithm.py.
+in config/checks_algorithm.py.
 """
 
 from __future__ import annotations

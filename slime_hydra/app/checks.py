@@ -1,37 +1,62 @@
-"""Every check of a typed RunConfig: the config's own (config/validate.py), then each component's (the advantage
-estimator's among them: algorithms/checks.py reads its row of the estimator table).
+"""Every check of a typed RunConfig, after derivation: the config's own (config/checks.py), then each component's.
 
-A component's checks live beside it and receive only the groups they read; this is the one place that
-knows which components a run uses. Nothing here imports a backend (megatron, sglang, ray, torch).
+`check(given)` derives (app/derive.py) and then only reads. A component's checks live beside it and receive only
+the groups they read: the estimator's (algorithms/checks.py, from its row of the estimator table), the model's
+(models/checks.py), each trainer's (training/torch_checks.py, training/megatron/checks.py), each rollout engine's
+(rollout/sglang/checks.py), each cluster backend's (orchestration/checks.py), the generate hook's and the
+rewards'. This is the one place that knows which components a run uses. Nothing here imports a backend
+(megatron, sglang, ray); every problem is collected, so the user sees them all at once.
 """
 
 from __future__ import annotations
 
 from slime_hydra.agent.hook import check_generate
 from slime_hydra.algorithms import checks as estimator_checks
-from slime_hydra.config import validate
+from slime_hydra.app.derive import derive
+from slime_hydra.config import checks as config_checks
+from slime_hydra.config.datafiles import eval_datasets
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.models import checks as model_checks
+from slime_hydra.orchestration import checks as cluster_checks
 from slime_hydra.rewards import checks as reward_checks
 from slime_hydra.rollout.sglang import checks as sglang_checks
+from slime_hydra.training import torch_checks
 from slime_hydra.training.megatron import checks as megatron_checks
 
 
-def check(cfg: RunConfig) -> tuple[RunConfig, list[str], list[str]]:
-    """(config with derived values filled in, every problem, notes about derivations)."""
-    cfg, problems, notes = validate.check(cfg)
+def check(given: RunConfig) -> tuple[RunConfig, list[str], list[str]]:
+    """(the derived config, every problem, notes about derivations and warnings). `given` is not changed."""
+    cfg, notes = derive(given)
+    problems, more = config_checks.check(cfg, given_num_rollout=given.num_rollout)
+    notes += more
     more, more_notes = estimator_checks.check(cfg.algorithm, cfg.rollout.n_samples_per_prompt, cfg.num_rollout)
     problems, notes = problems + more, notes + more_notes
-    problems += model_checks.check(cfg.model)
-    if cfg.train.backend == "megatron":
-        problems += megatron_checks.check(cfg.model, cfg.parallelism, cfg.train, cfg.cluster.device, cfg.load)
-        problems += megatron_checks.check_layout(cfg.parallelism, cfg.cluster)
-    else:
-        problems += megatron_checks.check_unused(cfg.train)
+    problems += model_checks.check(cfg.model) + model_checks.check_model_impl(cfg.model)
+    more, more_notes = model_checks.check_learning_rate(cfg.model, cfg.train, cfg.load)
+    problems, notes = problems + more, notes + more_notes
+    problems += train_checks(cfg, notes)
     check_generate("rollout.custom_generate", cfg.rollout.custom_generate, problems)
     rm_types = {"reward.rm_type": cfg.reward.rm_type}
-    rm_types |= {f"eval.eval_prompt_data.{n}.rm_type": d.rm_type for n, d in validate.eval_datasets(cfg).items()}
+    rm_types |= {f"eval.eval_prompt_data.{n}.rm_type": d.rm_type for n, d in eval_datasets(cfg).items()}
     problems += reward_checks.check(cfg.reward, rm_types)
     if cfg.rollout.backend == "sglang":  # reads sglang's sources with ast, imports nothing
         problems += sglang_checks.check(cfg.rollout, cfg.cluster)
+    problems += cluster_checks.check_local_only(cfg.cluster, cfg.data.streaming, cfg.load_debug_rollout_data,
+                                                cfg.debug_rollout_only)
+    more, more_notes = cluster_checks.check(cfg.cluster, cfg.rollout.backend, cfg.train, cfg.parallelism)
+    problems, notes = problems + more, notes + more_notes
+    problems += cluster_checks.check_ray_sglang(cfg.cluster, cfg.train.backend, cfg.rollout, cfg.parallelism)
     return cfg, problems, notes
+
+
+def train_checks(cfg: RunConfig, notes: list[str]) -> list[str]:
+    """The chosen trainer's checks (notes appended to `notes`); the other trainer's keys must be left alone."""
+    if cfg.train.backend == "megatron":
+        return (megatron_checks.check(cfg.model, cfg.parallelism, cfg.train, cfg.cluster.device, cfg.load)
+                + megatron_checks.check_batching(cfg.train, cfg.parallelism, cfg.model)
+                + megatron_checks.check_layout(cfg.parallelism, cfg.cluster))
+    problems = model_checks.check_checkpoint(cfg.model) + megatron_checks.check_unused(cfg.train)
+    if cfg.train.backend == "torch":  # (another name is refused with the schema's choices)
+        notes += torch_checks.half_precision_notes(cfg.model, cfg.train)
+        problems += torch_checks.check(cfg.parallelism)
+    return problems

@@ -14,10 +14,9 @@ from typing import Optional
 
 from slime_hydra.agent.hook import check_sample_overrides, wrap_rollout
 from slime_hydra.app.debug_split import check_resume, is_rollout_only, rollout_dump_meta
-from slime_hydra.config.datafiles import resolve
+from slime_hydra.config.datafiles import eval_datasets, resolve
 from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import ModelConfig, RunConfig
-from slime_hydra.config.validate import eval_datasets
 from slime_hydra.data.buffer import DataBuffer
 from slime_hydra.data.dataset import Prompt, PromptList, load_prompts
 from slime_hydra.data.readers import Prep

@@ -7,7 +7,7 @@ megatron groups are megatron's own RankGenerator with the order the ranks use (t
 parallel.py); the weight-sync mode is the engines' (rollout/sglang/checks.weight_sync_mode). What the
 plan adds is only the printing. Two kinds of problem do not stop it: paths absent on this machine (a
 recipe's checkpoint and data on the cluster it is for; errors.Missing), listed under "missing:", and
-what the Ray engine does not drive yet (config/validate_ray.NOT_YET, refused at validation), listed
+what the Ray engine does not drive yet (orchestration/checks.NOT_YET, refused at validation), listed
 under "not runnable yet:". Every other
 problem exits 2 with the usual message, as a run would.
 
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from slime_hydra.app.preflight import validate_composed
-from slime_hydra.config.preflight import Composer, check_overrides
+from slime_hydra.config.compose import Composer, check_overrides
 from slime_hydra.config.schema import RunConfig
-from slime_hydra.config.validate_ray import NOT_YET
 from slime_hydra.errors import ConfigError, Missing, UserError
+from slime_hydra.orchestration.checks import NOT_YET
 from slime_hydra.orchestration.placement import Layout, layout_problems, plan_layout, resolve_use_gpu
 from slime_hydra.orchestration.rank_weights import engine_ranks, feeder_ranks
 from slime_hydra.rollout.sglang.checks import num_engines, weight_sync_mode

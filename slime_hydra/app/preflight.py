@@ -1,8 +1,8 @@
 """Compose and check before anything heavy starts, reporting every problem at once.
 
-Each override is checked against the schema (config/preflight.py), then the typed config goes through
-every check (app/checks.py). A multirun composes and checks every job, so a typo in the tenth sweep
-value fails before Ray or a model starts.
+Each override is checked against the schema (config/compose.py), then the typed config is derived and goes
+through every check (app/checks.py). A multirun composes and checks every job, so a typo in the tenth sweep
+value fails before Ray or a model starts. `compose_run` is the same path for one run, for tests and tools.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Optional
 from omegaconf import DictConfig
 
 from slime_hydra.app.checks import check
-from slime_hydra.config.preflight import Composer, check_overrides, expand_sweeps, hydra_message, to_run_config
+from slime_hydra.config.compose import Composer, check_overrides, expand_sweeps, hydra_message, to_run_config
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.errors import ConfigError
 

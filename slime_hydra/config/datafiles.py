@@ -4,16 +4,21 @@ A spec is a jsonl or parquet file; a glob (its matches, sorted); a directory (it
 files below it, sorted); a Hugging Face dataset directory written by `save_to_disk`, or an `.arrow`
 file (both read through `datasets`, memory-mapped); or several of these joined by commas (quote the
 value on the command line: Hydra reads a bare comma as a sweep). Any other file is read as jsonl.
-Pure path logic (no reader is imported), so validation can name a bad spec before anything loads.
+Pure path logic (no reader is imported), so validation can name a bad spec before anything loads; rows are counted
+only for `num_epoch` (jsonl lines, parquet metadata). Also here: each `eval.eval_prompt_data` entry resolved
+against the keys it falls back to.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
+from slime_hydra.config.schema import EvalDatasetConfig, RunConfig
 from slime_hydra.errors import Missing
 
 ROW_FILES = (".jsonl", ".parquet")
@@ -69,3 +74,57 @@ def resolve(spec: str, key: str = "data.prompt_data") -> tuple[list[DataFile], l
         problems.append(f"{key}={spec} names a Hugging Face dataset, which is read through the `datasets` package, "
                         "not installed here; pip install datasets, or write the rows as parquet/jsonl")
     return files, problems
+
+
+def count_prompts(spec: str, needs: str) -> tuple[Optional[int], list[str]]:
+    """(the rows of the files `spec` names, or None; the problems that leave it uncounted, each saying that `needs`
+    needs the count). A spec whose files are missing counts None with no problem: the data check names it."""
+    files, missing = resolve(spec)
+    if missing or not files:
+        return None, []
+    if any(f.kind not in ("jsonl", "parquet") for f in files):
+        return None, [f"{needs} needs the row count of data.prompt_data={spec}, which is counted for jsonl and parquet "
+                      "files only; set num_rollout instead"]
+    problems: list[str] = []
+    counts = [count_rows(f.path, problems) for f in files]
+    return (None if None in counts else sum(counts)), problems
+
+
+def count_rows(path: str, problems: list[str]) -> Optional[int]:
+    """Rows of a jsonl (non-blank lines, read as bytes: the loader reports bad encodings) or parquet file."""
+    if not path.endswith(".parquet"):
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    try:
+        import pyarrow.parquet as pq  # lazy: only parquet files need it
+
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception as e:  # noqa: BLE001 - any reader failure is the same fix
+        problems.append(f"data.prompt_data={path}: not a readable parquet file ({e}); rewrite it, or give a jsonl file")
+        return None
+
+
+def eval_datasets(cfg: RunConfig, problems: Optional[list[str]] = None) -> dict[str, EvalDatasetConfig]:
+    """eval.eval_prompt_data -> one fully resolved EvalDatasetConfig per name (fallbacks filled in); an unknown key of
+    an entry is appended to `problems` when given."""
+    e, r = cfg.eval, cfg.rollout
+    fields = {f.name for f in dataclasses.fields(EvalDatasetConfig)}
+    out = {}
+    for name, spec in e.eval_prompt_data.items():
+        spec = {"path": spec} if isinstance(spec, str) else dict(spec or {})
+        unknown = sorted(set(spec) - fields)
+        if unknown and problems is not None:
+            problems.append(f"eval.eval_prompt_data.{name}: unknown key(s) {unknown}; valid keys: {sorted(fields)}")
+        spec = {k: v for k, v in spec.items() if k in fields}
+        ds = EvalDatasetConfig(**{"path": None, **spec})
+        pick = lambda v, *fallbacks: next((x for x in (v, *fallbacks) if x is not None), None)  # noqa: E731
+        out[name] = EvalDatasetConfig(
+            path=ds.path, input_key=pick(ds.input_key, cfg.data.input_key), label_key=pick(ds.label_key, cfg.data.label_key),
+            metadata_key=pick(ds.metadata_key, cfg.data.metadata_key),
+            rm_type=pick(ds.rm_type, cfg.reward.rm_type),
+            n_samples_per_eval_prompt=pick(ds.n_samples_per_eval_prompt, e.n_samples_per_eval_prompt),
+            eval_temperature=pick(ds.eval_temperature, e.eval_temperature, r.rollout_temperature),
+            eval_top_p=pick(ds.eval_top_p, e.eval_top_p, r.rollout_top_p),
+            eval_top_k=pick(ds.eval_top_k, e.eval_top_k, r.rollout_top_k),
+            eval_max_response_len=pick(ds.eval_max_response_len, e.eval_max_response_len, r.rollout_max_response_len))
+    return out

@@ -2,9 +2,10 @@
 
 YAML options under conf/ attach one of these dataclasses (``defaults: [/schema/<group>@_here_]``)
 and carry only what differs. Key names follow slime's argument names so its users feel at home
-(``--rollout-batch-size`` is ``rollout.rollout_batch_size``). Semantic checks live in
-``validate*.py`` (and, for what a component reads, beside the component: app/checks.py); this module only
-declares shapes, types and defaults.
+(``--rollout-batch-size`` is ``rollout.rollout_batch_size``). The allowed values of enumerated keys are in
+``choices.py``; values derived from others are filled in by app/derive.py; checks live in ``checks*.py`` (and, for
+what a component reads, beside the component: app/checks.py calls them); this module only declares shapes, types
+and defaults.
 """
 
 from __future__ import annotations
@@ -312,7 +313,7 @@ class TrainConfig:
     micro_batch_size: Optional[int] = 1
     lr: float = 1e-6
     # validation refuses train.lr / train.critic_lr above 1e-5 for a model of >= 100M parameters whose weights come
-    # from model.hf_checkpoint or load= (a warning for a random init): config/validate_model.py. true: run it anyway
+    # from model.hf_checkpoint or load= (a warning for a random init): models/checks.py. true: run it anyway
     allow_unsafe_lr: bool = False
     min_lr: float = 0.0
     critic_lr: Optional[float] = None  # ppo's critic; None: lr (min_lr scales with it)
@@ -342,7 +343,7 @@ class TrainConfig:
     # token stream without padding (position ids restart per sample, attention stays inside each: training/thd.py), and
     # the token budget then counts real tokens. Every pass: policy, reference, log-probs, the ppo critic;
     # model.model_impl=native packs the policy whatever this says. train.backend=megatron: thd with TP/DP only
-    # (config/validate_microbatch.py)
+    # (training/megatron/checks.py)
     qkv_format: str = "bshd"
     megatron: MegatronConfig = field(default_factory=MegatronConfig)  # read by train.backend=megatron only
 

@@ -5,7 +5,7 @@ checkpoint's tensors into it, so a wrong field there is a silent shape error or,
 that loads and computes something else (a wrong rope base or norm eps). slime's
 `_hf_validate_args` compares the same fields; this is that check as a function of
 (ModelConfig, config.json dict), used by validation (train.backend=megatron with
-model.hf_checkpoint) and by the CLI (app/hf_check.py):
+model.hf_checkpoint) and by the CLI (cli.py):
 
     slime-hydra check-hf /path/to/config.json model=qwen3_4b [more overrides]
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from slime_hydra.config.schema import ModelConfig
+from slime_hydra.models.size import num_parameters
 
 USAGE = ("usage: python -m slime_hydra.models.random_checkpoint [DIR] [model=<option>] [seed=N] [overrides...]\n"
          "  DIR: the directory to write (new or empty); default: the composed model.hf_checkpoint")
@@ -53,7 +54,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     out = argv[0] if argv and "=" not in argv[0] else None
     overrides = argv[1:] if out is not None else argv
-    from slime_hydra.config.preflight import Composer, check_overrides, to_run_config
+    from slime_hydra.config.compose import Composer, check_overrides, to_run_config
 
     with Composer() as composer:  # composed, not validated: the directory a config points at may not exist yet
         cfg, problems = check_overrides(composer, overrides)
@@ -78,8 +79,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     if problems:
         print("error: " + "\n  ".join(problems) + "\n" + USAGE, file=sys.stderr)
         return 2
-    from slime_hydra.config.validate_model import num_parameters
-
     t0 = time.perf_counter()
     write_random_checkpoint(m, out, typed.seed)
     size = sum(f.stat().st_size for f in Path(out).iterdir())

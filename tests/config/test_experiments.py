@@ -19,7 +19,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from slime_hydra.app.preflight import validate_composed
-from slime_hydra.config.preflight import Composer, check_overrides
+from slime_hydra.config.compose import Composer, check_overrides
 from slime_hydra.errors import Missing
 from tests.support.runs import EXPERIMENTS, ROOT, run_cli
 
@@ -74,7 +74,7 @@ def test_a_later_version_can_build_on_it(name, tmp_path, monkeypatch):
     relative default against the including file's group, so bases are named by absolute /experiment/... paths)."""
     import shutil
 
-    from slime_hydra.config import preflight
+    from slime_hydra.config import compose as composing
 
     conf = tmp_path / "conf"
     shutil.copytree(ROOT / "conf", conf, symlinks=False)  # experiment/ is a link to experiments/: copy the files
@@ -82,7 +82,7 @@ def test_a_later_version_can_build_on_it(name, tmp_path, monkeypatch):
     later.parent.mkdir(parents=True)
     later.write_text(f"# @package _global_\ndefaults:\n  - /experiment/{name}\n\nexperiment_name: later/v9\n")
     base_text = golden_text(compose(name)[0])
-    monkeypatch.setattr(preflight, "CONF_DIR", conf)
+    monkeypatch.setattr(composing, "CONF_DIR", conf)
     derived, problems = compose("later/v9")
     assert derived is not None, problems
     assert golden_text(derived) == base_text.replace(f"experiment_name: {name}\n", "experiment_name: later/v9\n")

@@ -14,9 +14,9 @@ import torch
 from torch.testing import assert_close
 
 from slime_hydra.algorithms import losses as L
+from slime_hydra.app.checks import check
 from slime_hydra.app.preflight import compose_run, preflight
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
-from slime_hydra.config.validate import check
 from slime_hydra.errors import ConfigError
 from slime_hydra.training.thd import pack, thd_logits, unpack
 from tests.support import trainers

@@ -1,4 +1,4 @@
-"""Validation of the model / parallelism / train groups for train.backend=megatron (no megatron import).
+"""Checks of the model / parallelism / train groups for train.backend=megatron (no megatron import).
 
 Called by the composition floor (app/checks.py) before anything is built, with only the groups it
 reads; each problem names the key and the fix.
@@ -87,7 +87,7 @@ def check_resume(load: Optional[str], use_distributed_optimizer: bool, problems:
         ckpt = ckpt / (ckpt / "latest").read_text().strip()
     common = ckpt / "megatron" / "common.pt"
     if not common.is_file():
-        return  # not a megatron checkpoint, or missing: validate.py / the engine's loader name it
+        return  # not a megatron checkpoint, or missing: config/checks.py / the engine's loader name it
     import torch
 
     saved = torch.load(common, map_location="cpu", weights_only=True).get("optimizer_layout")
@@ -124,9 +124,39 @@ def check_unused(train: TrainConfig) -> list[str]:
     return []
 
 
+def check_batching(train: TrainConfig, p: ParallelismConfig, m: ModelConfig) -> list[str]:
+    """Packed micro-batches (train.qkv_format=thd) and token budgets (train.use_dynamic_batch_size) where this
+    backend runs them."""
+    problems = []
+    if train.qkv_format == "thd":
+        # what the packed path (training/megatron/backend.py, model.SDPAttention._thd) is built and tested for
+        refused = [f"{key}={value}" for key, value, ok in (
+            ("parallelism.pipeline_model_parallel_size", p.pipeline_model_parallel_size, 1),
+            ("parallelism.context_parallel_size", p.context_parallel_size, 1),
+            ("parallelism.sequence_parallel", str(p.sequence_parallel).lower(), "false"),
+            ("model.multi_latent_attention", str(m.multi_latent_attention).lower(), "false")) if value != ok]
+        if refused:
+            problems.append(f"train.qkv_format=thd with train.backend=megatron runs with tensor and data parallelism only, "
+                            f"not with {', '.join(refused)} (the packed stream is not padded to a multiple of TP x CP, and the pipelined "
+                            "and MLA paths do not pack); set train.qkv_format=bshd, or those keys to their defaults")
+    pp = p.pipeline_model_parallel_size
+    if train.use_dynamic_batch_size and pp > 1:
+        # the pipeline schedule pads every micro-batch to the longest of the step, so a micro-batch's cost is not
+        # rows × its own longest, which the budget bounds
+        problems.append(f"train.use_dynamic_batch_size=true with parallelism.pipeline_model_parallel_size={pp}: the megatron "
+                        "backend pads every pipelined micro-batch to the step's longest sample, which the token budget does "
+                        "not bound; set parallelism.pipeline_model_parallel_size=1 or train.use_dynamic_batch_size=false")
+    return problems
+
+
+def model_parallel_size(p: ParallelismConfig) -> int:
+    """The ranks of one model replica (TP × PP × CP): they take one share of a step's batch together."""
+    return p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size
+
+
 def check_layout(p: ParallelismConfig, c: ClusterConfig) -> list[str]:
     """megatron splits the train ranks into TP × PP × CP model-parallel blocks; what is left over is data parallel."""
-    block = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * p.context_parallel_size
+    block = model_parallel_size(p)
     if block < 1:  # check() names the size below 1
         return []
     if c.backend == "ray":

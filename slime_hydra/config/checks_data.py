@@ -1,14 +1,32 @@
-"""Validation of the data keys at scale: data.streaming, data.shuffle_buffer_size, data.num_workers,
-data.worker_timeout_s, and data.prompt_data as a glob, a directory or a Hugging Face dataset
-(config/datafiles.py). What streaming cannot do yet is refused here, naming the key to change.
+"""Checks of the data keys: data.prompt_data as a file, a glob, a directory or a Hugging Face dataset
+(config/datafiles.py), the eval sets' files, and the keys of reading at scale (data.streaming,
+data.shuffle_buffer_size, data.num_workers, data.worker_timeout_s). What a cluster backend cannot stream is refused
+beside it (orchestration/checks.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
-from slime_hydra.config.datafiles import resolve
+from slime_hydra.config.datafiles import eval_datasets, resolve
 from slime_hydra.config.schema import RunConfig
+from slime_hydra.errors import Missing
+
+
+def check_data(cfg: RunConfig, problems: list[str]) -> None:
+    def one(key: str, path: Optional[str]) -> None:
+        if not path:
+            problems.append(f"{key} is not set; set it to a jsonl file of {{\"{cfg.data.input_key}\": ..., \"{cfg.data.label_key}\": ...}} lines")
+        elif not Path(path).is_file():
+            problems.append(Missing(f"{key}={path}: file not found; set {key} to an existing jsonl file", key, path))
+        elif Path(path).stat().st_size == 0 or (not path.endswith(".parquet") and not any(line.strip() for line in open(path, "rb"))):
+            problems.append(f"{key}={path}: the file is empty; it needs one JSON object per line")
+
+    check_prompt_data(cfg, problems)  # a glob, a directory, a Hugging Face dataset too
+    check_streaming(cfg, problems)
+    for name, ds in eval_datasets(cfg, problems).items():
+        one(f"eval.eval_prompt_data.{name}" + ("" if isinstance(cfg.eval.eval_prompt_data[name], str) else ".path"), ds.path)
 
 
 def check_prompt_data(cfg: RunConfig, problems: list[str]) -> None:
@@ -37,12 +55,3 @@ def check_streaming(cfg: RunConfig, problems: list[str]) -> None:
     if d.num_workers > 0 and not d.streaming:
         problems.append(f"data.num_workers={d.num_workers} reads ahead of the rollout, which only the streaming source "
                         "does (in-memory data is read once, at start); set data.streaming=true or data.num_workers=0")
-    if not d.streaming:
-        return
-    refused = {
-        "cluster.backend=ray": (cfg.cluster.backend == "ray",
-                                "the rollout manager owns an in-memory source there; set cluster.backend=local or data.streaming=false"),
-    }
-    for what, (bad, fix) in refused.items():
-        if bad:
-            problems.append(f"data.streaming=true does not support {what}: {fix}")

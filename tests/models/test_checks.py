@@ -1,4 +1,4 @@
-"""Model zoo options, the HF config.json check and megatron layout validation (no megatron import)."""
+"""Model zoo options, the HF config.json check (`slime-hydra check-hf`) and megatron layout checks (no megatron import)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from slime_hydra.app.hf_check import main
 from slime_hydra.app.preflight import compose_run, preflight
+from slime_hydra.cli import check_hf_command
 from slime_hydra.errors import ConfigError
 from slime_hydra.models.hf_check import check_hf_config, moe_layer_pattern
 from tests.support.runs import ROOT
@@ -64,9 +64,9 @@ def test_validation_runs_the_check_for_the_megatron_backend(tmp_path):
 
 def test_cli_entry_exits_2_on_mismatch(tmp_path, capsys):
     d = _write(tmp_path, "q", {**QWEN3_0_6B, "rms_norm_eps": 1e-5})
-    assert main([str(d), "model=qwen3_0_6b"]) == 2
+    assert check_hf_command([str(d), "model=qwen3_0_6b"]) == 2
     assert "model.norm_epsilon=1e-06 does not match config.json rms_norm_eps=1e-05" in capsys.readouterr().out
-    assert main([str(_write(tmp_path, "ok", QWEN3_0_6B)), "model=qwen3_0_6b"]) == 0
+    assert check_hf_command([str(_write(tmp_path, "ok", QWEN3_0_6B)), "model=qwen3_0_6b"]) == 0
 
 
 def test_moe_layer_freq_expressions():

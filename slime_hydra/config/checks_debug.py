@@ -1,7 +1,8 @@
 """Checks of slime's debug split: load_debug_rollout_data / debug_train_only and debug_rollout_only.
 
 Only the keys and whether the dump's files exist; what the dump holds (its model, its rollouts) is checked where
-the run is built, against the tokenizer, before any model loads (slime_hydra/data/rollout_dump.py).
+the run is built, against the tokenizer, before any model loads (slime_hydra/data/rollout_dump.py). Which cluster
+backend runs them is checked beside the cluster backends (orchestration/checks.py).
 """
 
 from __future__ import annotations
@@ -14,17 +15,13 @@ from slime_hydra.config.schema import RunConfig
 
 def check_debug(cfg: RunConfig, problems: list[str], notes: list[str]) -> None:
     load, w = cfg.load_debug_rollout_data, cfg.warmstart
-    if cfg.debug_train_only and not load:
+    if cfg.debug_train_only and not load:  # (derivation turns it on when a dump is loaded)
         problems.append("debug_train_only=true trains on saved rollouts and builds no rollout engine; set "
                         "load_debug_rollout_data=<dir or glob of dumps written by save_debug_rollout_data>")
     if load and cfg.debug_rollout_only:
         problems.append("load_debug_rollout_data (train only) and debug_rollout_only=true (generate only) exclude each "
                         "other; unset one")
-    if (load or cfg.debug_rollout_only) and cfg.cluster.backend == "ray":
-        problems.append(f"{'load_debug_rollout_data' if load else 'debug_rollout_only'} runs with cluster.backend=local; "
-                        "set cluster.backend=local")
     if load:
-        cfg.debug_train_only = True  # slime: loading a dump implies train-only
         p = Path(load)
         if not (p.is_dir() and any(p.glob("*.jsonl"))) and not any(Path(f).is_file() for f in glob.glob(load, recursive=True)):
             problems.append(f"load_debug_rollout_data={load}: no dump files match (a directory of rollout_NNNNNN.jsonl "

@@ -1,5 +1,5 @@
-"""Validation of the algorithm group: slime's assertions on KL, TIS and critic settings, each problem naming the key
-and the fix. Pure checks over the typed config; validate.check calls them. What depends on the estimator (its
+"""Checks of the algorithm group: slime's assertions on KL, TIS and critic settings, each problem naming the key
+and the fix. Pure checks over the typed config; config/checks.py calls them. What depends on the estimator (its
 name, group baseline, critic, shaped KL, whitening) is checked beside the estimator table, in algorithms/checks.py."""
 
 from __future__ import annotations

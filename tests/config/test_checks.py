@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slime_hydra.app.preflight import compose_run
-from slime_hydra.config.preflight import expand_sweeps
+from slime_hydra.config.compose import expand_sweeps
 from slime_hydra.config.schema import GROUP_SCHEMAS, RunConfig
 from slime_hydra.errors import ConfigError
 from tests.support.runs import ROOT, problems_of, run_cli

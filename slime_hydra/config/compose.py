@@ -2,9 +2,9 @@
 
 Hydra alone stops at the first bad override with its own message. Here each override is checked
 against the schema (unknown keys and group options get the nearest valid names, also for `+key=`),
-type errors are collected per override, and a multirun's overrides expand into every job's. The
-checks of the composed RunConfig, and the preflight of every job, are the composition floor's
-(app/preflight.py), so a typo in the tenth sweep value fails before Ray or a model starts.
+type errors are collected per override, and a multirun's overrides expand into every job's. Deriving and
+checking the composed RunConfig, and the preflight of every job, are the composition floor's (app/preflight.py),
+so a typo in the tenth sweep value fails before a cluster or a model starts.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Composer:
 
         loader = GlobalHydra.instance().config_loader()
         options = list(loader.get_group_options(group))
-        for sub in loader.list_groups(group):  # nested options such as experiment=grpo/<name>
+        for sub in loader.list_groups(group):  # nested options such as experiment=<family>/<name>
             options += [f"{sub}/{o}" for o in self.group_options(f"{group}/{sub}")]
         return sorted(options)
 

@@ -6,7 +6,7 @@ import pytest
 
 from slime_hydra.app.checks import check
 from slime_hydra.app.preflight import compose_run, validate_composed
-from slime_hydra.config.preflight import Composer, check_overrides
+from slime_hydra.config.compose import Composer, check_overrides
 from tests.support.runs import problems_of
 
 
