@@ -28,13 +28,14 @@ OPTIONS = sorted(p.stem for p in (CONF_DIR / "algorithm").glob("*.yaml"))
 
 def train_option(option: str, ckpt: str, steps: int, out: Path) -> dict:
     from slime_hydra.app.build import build
+    from slime_hydra.app.session import loop_settings
     from slime_hydra.engine.loop import run
 
     cfg = compose([f"algorithm={option}", f"model.hf_checkpoint={ckpt}", "warmstart=none", f"num_rollout={steps}",
                    "eval=none"])
     c = build(cfg, str(out))
     t0 = time.perf_counter()
-    history = run(cfg, c, str(out / "checkpoints"))
+    history = run(loop_settings(cfg), c, str(out / "checkpoints"))
     wall = time.perf_counter() - t0
     steps_s = [m["perf/step_time_s"] for _, m in history if "perf/step_time_s" in m]
     return {"option": option, "wall_s": wall, "median_step_s": statistics.median(steps_s),

@@ -21,6 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def run_one(seed: int, mode: str, num_rollout: int) -> dict:
     from slime_hydra.app.build import build
     from slime_hydra.app.preflight import compose_run
+    from slime_hydra.app.session import loop_settings
     from slime_hydra.engine import loop
 
     cfg = compose_run(["logger=none", "logger.progress_bar=false", f"num_rollout={num_rollout}", f"seed={seed}",
@@ -28,7 +29,7 @@ def run_one(seed: int, mode: str, num_rollout: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_async_") as tmp:
         c = build(cfg, tmp)
         try:
-            history = loop.run(cfg, c, os.path.join(tmp, "checkpoints"))
+            history = loop.run(loop_settings(cfg), c, os.path.join(tmp, "checkpoints"))
         finally:
             c.tracker.close("FINISHED")
             c.rollout.shutdown()

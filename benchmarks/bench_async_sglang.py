@@ -130,11 +130,10 @@ def fresh_components(cfg, c, init_state: dict, out: Path):
 
     from slime_hydra.app.algorithm import run_specs
     from slime_hydra.app.build import build_trainer
-    from slime_hydra.config.plugins import load_target
+    from slime_hydra.app.plugins import load_target, reward_scorer
     from slime_hydra.data.buffer import DataBuffer
     from slime_hydra.data.source import PromptSource
     from slime_hydra.engine.components import Components
-    from slime_hydra.rewards.compute import RewardScorer
     from slime_hydra.runtime import pick_device, seed_everything
     from slime_hydra.tracking.base import NullTracker
 
@@ -150,16 +149,17 @@ def fresh_components(cfg, c, init_state: dict, out: Path):
     trainer = build_trainer(cfg, specs, model, pick_device(cfg.cluster.device))
     r = cfg.rollout
     source = PromptSource(c.train_prompts, r.n_samples_per_prompt, r.rollout_shuffle, r.rollout_seed)
-    return Components(c.tokenizer, c.train_prompts, c.eval_sets, source, trainer, c.rollout, RewardScorer(cfg.reward),
+    return Components(c.tokenizer, c.train_prompts, c.eval_sets, source, trainer, c.rollout, reward_scorer(cfg.reward),
                       NullTracker(), c.sampling, specs.advantage, output_dir=str(out), buffer=DataBuffer(source, load_target(r.buffer_filter)))
 
 
 def run_mode(cfg, c, mode: str, out: Path, order: int) -> dict:
+    from slime_hydra.app.session import loop_settings
     from slime_hydra.engine import loop
 
     util = GpuUtil(out / f"gpu_util_{order}_{mode}.csv")
     t = time.perf_counter()
-    history = loop.run(cfg, c, str(out / "checkpoints"))
+    history = loop.run(loop_settings(cfg), c, str(out / "checkpoints"))
     wall = time.perf_counter() - t
     gpu = util.stop()
     rows = {step: {k: m[k] for k in KEYS if k in m} for step, m in history if "perf/step_time_s" in m}

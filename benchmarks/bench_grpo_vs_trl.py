@@ -28,6 +28,7 @@ Run: HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.bench_grpo_vs_trl   (8 seed
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -61,13 +62,14 @@ def warm_started_checkpoint(path: Path, seed: int | None = None, target: float |
     it stops at the first check that reaches that greedy training accuracy (warmstart.target_train_accuracy, at
     most 1000 steps, no floor: the protocol the quoted bench figures were measured with)."""
     from slime_hydra.app.build import build
+    from slime_hydra.app.session import loop_settings
     from slime_hydra.engine.loop import prepare
 
     landing = [] if target is None else ["warmstart.steps=1000", f"warmstart.target_train_accuracy={target}",
                                          "warmstart.min_steps=0"]
     cfg = compose(["eval=none", *landing], seed)
     c = build(cfg, str(path / "warmstart_run"))
-    prepare(cfg, c)
+    prepare(loop_settings(cfg), c)
     c.trainer.save_hf(str(path / "ckpt"), c.tokenizer)
     c.tracker.close("FINISHED")
     return str(path / "ckpt")
@@ -100,6 +102,7 @@ def run_slime_hydra(ckpt: str, steps: int, out_dir: Path, seed: int | None = Non
     """build + run (not run_session: its summary drops the per-step values a median needs). With `between`, the
     steps run in two halves around it (the engine continues from `start_rollout`, as after a resume)."""
     from slime_hydra.app.build import build
+    from slime_hydra.app.session import loop_settings
     from slime_hydra.engine.loop import run
 
     cfg = compose([f"model.hf_checkpoint={ckpt}", "warmstart.steps=0", f"num_rollout={steps}", "eval=none"], seed)
@@ -110,9 +113,9 @@ def run_slime_hydra(ckpt: str, steps: int, out_dir: Path, seed: int | None = Non
         for first, last in ((0, steps // 2), (steps // 2, steps)) if between else ((0, steps),):
             if first:
                 between()
-            c.state.start_rollout, cfg.num_rollout = first, last
+            c.state.start_rollout = first
             cpu0 = time.process_time()
-            history = run(cfg, c, str(out_dir / "checkpoints"))
+            history = run(dataclasses.replace(loop_settings(cfg), num_rollout=last), c, str(out_dir / "checkpoints"))
             cpu_s += time.process_time() - cpu0
     finally:
         c.tracker.close("FINISHED")

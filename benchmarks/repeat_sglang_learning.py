@@ -22,13 +22,14 @@ import json, sys, time
 from tests.rollout.sglang.test_backend import EXPERIMENT, RUN, NUM_ROLLOUT, FIXTURE, rewards_of, eval_of, fitted_rise
 from slime_hydra.app.build import build
 from slime_hydra.app.preflight import compose_run
+from slime_hydra.app.session import loop_settings
 from slime_hydra.engine import loop
 out = sys.argv[1]
 cfg = compose_run([EXPERIMENT, *RUN, f"num_rollout={NUM_ROLLOUT}", *FIXTURE, *sys.argv[2:]])
 t0 = time.time()
 c = build(cfg, out)
 try:
-    h = loop.run(cfg, c, out + "/ckpt")
+    h = loop.run(loop_settings(cfg), c, out + "/ckpt")
 finally:
     c.rollout.shutdown()
 print("RESULT " + json.dumps({"eval": eval_of(h), "reward": rewards_of(h), "reward_fitted_rise": fitted_rise(rewards_of(h)),

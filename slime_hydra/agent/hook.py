@@ -12,10 +12,13 @@ The contract (checked at validation time, before anything heavy starts):
   (whichever it is: only the RolloutBackend Protocol is used) and returns the new ids, their log-probs and
   why it stopped. Concurrent calls of all samples are batched into one backend call.
 - `sampling` is the rollout's (or eval's) SamplingParams; `max_new_tokens` is the budget of the whole response.
-- `kwargs` are the node's other keys (`{"_target_": "pkg.mod.fn", "env": {...}}` passes `env=`).
+- `kwargs` are the node's other keys (`{"_target_": "pkg.mod.fn", "max_calls": 3}` passes `max_calls=3`); a key that
+  is itself a `_target_` node arrives as a factory (`{"env": {"_target_": "pkg.Env"}}` passes `env=`, and `env()`
+  builds a fresh environment).
 
 A sample's `metadata.custom_generate` (a dotted path or a `_target_` node) overrides the configured hook for
-that sample, as slime's per-sample `generate_function_path` does; such samples are checked when the data loads.
+that sample, as slime's per-sample `generate_function_path` does; such samples are checked when the data loads, and
+the composition floor's loader (app/plugins.load_hook, handed to `AgentRollout`) turns each into its hook once.
 Left out: hooks that fan one sample out into several (slime allows it); a group's size must stay fixed here.
 """
 
@@ -27,7 +30,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Optional
 
-from slime_hydra.config.plugins import check_target, import_target, load_target
+from slime_hydra.config.plugins import check_target, import_target
 from slime_hydra.protocols import RolloutBackend, Weights
 from slime_hydra.types import Sample, SamplingParams, Status
 
@@ -47,13 +50,6 @@ GenerateFn = Callable[[list[int], SamplingParams], Awaitable[Completion]]
 
 def as_node(spec: Any) -> dict:
     return {"_target_": spec} if isinstance(spec, str) else dict(spec or {})
-
-
-def load_hook(spec: Any) -> Callable[..., Awaitable[Sample]]:
-    """A dotted path or a `_target_` node -> the hook with its keys bound (config/plugins.load_target)."""
-    hook = load_target(as_node(spec))
-    assert hook is not None, "an unset hook is not loaded"  # callers check the spec first
-    return hook
 
 
 def check_generate(key: str, spec: Any, problems: list[str]) -> None:
@@ -151,11 +147,16 @@ class BatchedGenerate:
 
 
 class AgentRollout:
-    """A RolloutBackend that runs each sample through its generate hook over the wrapped backend."""
+    """A RolloutBackend that runs each sample through its generate hook over the wrapped backend.
 
-    def __init__(self, backend: RolloutBackend, tokenizer, default_hook: Optional[dict], max_turns: int):
+    `default_hook` is rollout.custom_generate (None: plain generation for a sample that names no hook); `load_hook`
+    turns a hook's spec into the hook (the composition floor's: app/plugins.load_hook)."""
+
+    def __init__(self, backend: RolloutBackend, tokenizer, default_hook: Optional[dict], max_turns: int,
+                 load_hook: Callable[[Any], Callable[..., Awaitable[Sample]]]):
         self.backend = backend
         self.tokenizer = tokenizer
+        self.load_hook = load_hook
         self.default_hook = load_hook(default_hook) if default_hook else None
         self.max_turns = max_turns
         self._hooks: dict[str, Callable] = {}
@@ -170,7 +171,7 @@ class AgentRollout:
             return self.default_hook
         key = repr(spec)
         if key not in self._hooks:
-            self._hooks[key] = load_hook(spec)
+            self._hooks[key] = self.load_hook(spec)
         return self._hooks[key]
 
     async def generate(self, samples: list[Sample], sampling: SamplingParams) -> list[Sample]:
@@ -215,10 +216,10 @@ class AgentRollout:
         self.backend.shutdown()
 
 
-def wrap_rollout(backend, tokenizer, custom_generate: dict, max_turns: int, metadatas: Iterable[dict] = (),
-                 any_sample: bool = False):
+def wrap_rollout(backend, tokenizer, custom_generate: dict, max_turns: int, load_hook: Callable[[Any], Callable],
+                 metadatas: Iterable[dict] = (), any_sample: bool = False):
     """The backend itself when no hook is configured and no sample asks for one; else an AgentRollout.
     any_sample: the samples are not known yet (streamed data); any may ask for a hook."""
     if not custom_generate and not any_sample and not any((md or {}).get("custom_generate") for md in metadatas):
         return backend
-    return AgentRollout(backend, tokenizer, custom_generate or None, max_turns)
+    return AgentRollout(backend, tokenizer, custom_generate or None, max_turns, load_hook)

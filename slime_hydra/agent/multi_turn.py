@@ -18,12 +18,11 @@ the last turn is not executed, so max_turns=1 disables the tool), or the respons
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from slime_hydra.agent.env import maybe_await, run_step
 from slime_hydra.agent.hook import GenerateFn
 from slime_hydra.agent.trajectory import Trajectory
-from slime_hydra.config.plugins import load_target
 from slime_hydra.types import Sample, SamplingParams, Status
 
 # Qwen3-style observation: the model's turn ends, the tool's result comes as a user turn, the model resumes.
@@ -49,10 +48,10 @@ def single_token_id(tokenizer, text: str) -> Optional[int]:
 
 
 async def generate(sample: Sample, *, generate: GenerateFn, tokenizer, sampling: SamplingParams, max_turns: int,
-                   env: dict, tool_call_start: str = "<tool_call>", tool_call_end: str = "</tool_call>",
+                   env: Callable[[], Any], tool_call_start: str = "<tool_call>", tool_call_end: str = "</tool_call>",
                    observation_template: str = "<tool_response>{observation}</tool_response>",
                    tool_timeout_s: float = 5.0) -> Sample:
-    tool = load_target(env)()
+    tool = env()  # a fresh environment per sample (the node's `env` key, bound as a factory)
     await maybe_await(tool.reset(sample))
     end_id = single_token_id(tokenizer, tool_call_end)
     traj = Trajectory(list(sample.prompt_tokens))

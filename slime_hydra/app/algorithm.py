@@ -15,7 +15,7 @@ from typing import Optional
 from slime_hydra.algorithms import advantages as A
 from slime_hydra.algorithms import surrogates as S
 from slime_hydra.algorithms.estimators import ESTIMATORS, bind
-from slime_hydra.config.plugins import load_target
+from slime_hydra.app.plugins import load_target
 from slime_hydra.config.schema import AlgorithmConfig, RunConfig, TrainConfig
 from slime_hydra.training.microbatch import budgets
 from slime_hydra.training.specs import (

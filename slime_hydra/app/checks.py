@@ -2,7 +2,7 @@
 
 `check(given)` derives (app/derive.py) and then only reads. A component's checks live beside it and receive only
 the groups they read: the estimator's (algorithms/checks.py, from its row of the estimator table), the model's
-(models/checks.py), each trainer's (training/torch_checks.py, training/megatron/checks.py), each rollout engine's
+(models/checks.py), each trainer's (training/checks.py, training/megatron/checks.py), each rollout engine's
 (rollout/sglang/checks.py), each cluster backend's (orchestration/checks.py), the generate hook's and the
 rewards'. This is the one place that knows which components a run uses. Nothing here imports a backend
 (megatron, sglang, ray); every problem is collected, so the user sees them all at once.
@@ -20,7 +20,7 @@ from slime_hydra.models import checks as model_checks
 from slime_hydra.orchestration import checks as cluster_checks
 from slime_hydra.rewards import checks as reward_checks
 from slime_hydra.rollout.sglang import checks as sglang_checks
-from slime_hydra.training import torch_checks
+from slime_hydra.training import checks as torch_checks
 from slime_hydra.training.megatron import checks as megatron_checks
 
 

@@ -14,8 +14,8 @@ from typing import Optional
 
 from slime_hydra.agent.hook import check_sample_overrides, wrap_rollout
 from slime_hydra.app.debug_split import check_resume, is_rollout_only, rollout_dump_meta
+from slime_hydra.app.plugins import load_hook, load_target, reward_scorer
 from slime_hydra.config.datafiles import eval_datasets, resolve
-from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import ModelConfig, RunConfig
 from slime_hydra.data.buffer import DataBuffer
 from slime_hydra.data.dataset import Prompt, PromptList, load_prompts
@@ -29,7 +29,6 @@ from slime_hydra.engine.steps import EvalSet, eval_sampling, rollout_sampling
 from slime_hydra.errors import ConfigError, DataError
 from slime_hydra.models.build import build_tokenizer
 from slime_hydra.protocols import PromptSource, RolloutBackend, Tracker, TrainBackend
-from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.runtime import seed_everything
 from slime_hydra.tracking.base import build_tracker
 from slime_hydra.training.specs import AdvantageSpec
@@ -85,7 +84,7 @@ def build_eval_sets(cfg: RunConfig, tokenizer, sampling: SamplingParams) -> dict
                                metadata_key=ds.metadata_key, apply_chat_template=d.apply_chat_template,
                                max_prompt_len=d.rollout_max_prompt_len, what=f"eval.eval_prompt_data.{name}",
                                tool_key=d.tool_key, on_bad_row=d.on_bad_row, key_prefix=f"eval.eval_prompt_data.{name}")
-        scorer = RewardScorer(dataclasses.replace(cfg.reward, rm_type=ds.rm_type), cfg.eval.eval_reward_key)
+        scorer = reward_scorer(dataclasses.replace(cfg.reward, rm_type=ds.rm_type), cfg.eval.eval_reward_key)
         sets[name] = EvalSet(prompts, eval_sampling(ds, sampling), ds.n_samples_per_eval_prompt, scorer)
     return sets
 
@@ -120,10 +119,10 @@ def assemble(cfg: RunConfig, inputs: Inputs, source, trainer: TrainBackend, roll
     """The loop's Components. A generating rollout backend is wrapped by the generate hook (rollout.custom_generate),
     if any; a replay (`buffer` given: the dump's samples) generates nothing and is not."""
     if buffer is None:
-        rollout = wrap_rollout(rollout, inputs.tokenizer, cfg.rollout.custom_generate, cfg.rollout.max_turns,
+        rollout = wrap_rollout(rollout, inputs.tokenizer, cfg.rollout.custom_generate, cfg.rollout.max_turns, load_hook,
                                inputs.metadatas, any_sample=cfg.data.streaming)
         buffer = DataBuffer(source, load_target(cfg.rollout.buffer_filter))
     return Components(inputs.tokenizer, inputs.train_prompts, inputs.eval_sets, source, trainer, rollout,
-                      RewardScorer(cfg.reward), tracker, inputs.sampling, advantage, output_dir=output_dir,
+                      reward_scorer(cfg.reward), tracker, inputs.sampling, advantage, output_dir=output_dir,
                       resumed_from=inputs.resume, buffer=buffer,
                       rollout_dump_meta=rollout_dump_meta(cfg, inputs.tokenizer))

@@ -7,6 +7,7 @@ async loop by train_mode), so the loop itself stays one screen long.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -15,10 +16,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.app.build import build
+from slime_hydra.app.plugins import load_target
 from slime_hydra.app.preflight import validate_composed
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.engine import loop, report
 from slime_hydra.engine.checkpoint import resume_hint
+from slime_hydra.engine.collect import RolloutPlan
+from slime_hydra.engine.warmstart import WarmStart
 from slime_hydra.engine.watchdog import StallWatchdog
 from slime_hydra.errors import ConfigError
 from slime_hydra.tracking import sweep
@@ -43,6 +47,22 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     else:
         out[prefix.rstrip(".")] = d
     return out
+
+
+def loop_settings(cfg: RunConfig) -> loop.LoopSettings:
+    """The typed values the engine loop reads, its plug-ins (the dynamic-sampling filter, the SFT samples) loaded."""
+    r, w, e = cfg.rollout, cfg.warmstart, cfg.eval
+    plan = RolloutPlan(r.rollout_batch_size, r.over_sampling_batch_size, load_target(r.dynamic_sampling_filter),
+                       r.partial_rollout, r.mask_offpolicy_in_partial_rollout, r.max_dynamic_sampling_rounds)
+    warm = WarmStart(w.steps, w.batch_size, w.lr, cfg.seed, load_target(w.custom_sft_samples), w.target_train_accuracy,
+                     w.check_prompts, w.check_interval, w.min_steps) if w.steps else None
+    return loop.LoopSettings(
+        num_rollout=cfg.num_rollout, n_samples_per_prompt=r.n_samples_per_prompt, rollout_plan=plan, warm_start=warm,
+        train_async=cfg.train_mode == "async", async_buffer_size=cfg.async_buffer_size,
+        async_rollout_timeout_s=cfg.async_rollout_timeout_s, update_weights_interval=cfg.update_weights_interval,
+        eval_interval=e.eval_interval, skip_eval_before_train=e.skip_eval_before_train,
+        save_eval_samples=e.save_eval_samples, save_interval=cfg.save_interval,
+        save_debug_rollout_data=cfg.save_debug_rollout_data, progress_bar=cfg.logger.progress_bar)
 
 
 def watchdog(cfg: RunConfig, c, out: Path, save_dir: str):
@@ -76,7 +96,7 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_ru
     try:
         save_dir = cfg.save or str(out / "checkpoints")
         with watchdog(cfg, c, out, save_dir):
-            history = loop.run(cfg, c, save_dir)
+            history = loop.run(loop_settings(cfg), c, save_dir)
         summary = report.summarize(history)
         print("\n" + report.summary_table(summary), flush=True)
         for path in (out / "composed_config.yaml", report.plot_curves(history, out / "reward_curve.png"),
@@ -100,7 +120,8 @@ def task(cfg: DictConfig) -> float | None:
         raise ConfigError(problems)
     hc = HydraConfig.get()
     output_dir = typed.output_dir or hc.runtime.output_dir
-    typed.logger.tracking_uri = sweep.absolute_tracking_uri(typed.logger.tracking_uri, hc.runtime.cwd)
+    typed = dataclasses.replace(typed, logger=dataclasses.replace(
+        typed.logger, tracking_uri=sweep.absolute_tracking_uri(typed.logger.tracking_uri, hc.runtime.cwd)))
     parent = sweep.parent_run_id(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
     for note in notes:
         print(note, flush=True)

@@ -1,22 +1,11 @@
-"""`_target_` plug-in nodes: at validation `import_target` imports one and `check_target` also binds its signature
-to the call the engine will make (both report problems); at build time `load_target` resolves it into a callable."""
+"""`_target_` plug-in nodes at check time: `import_target` imports one and `check_target` also binds its signature to
+the call the engine will make (both report problems). The composition floor turns a checked node into a callable
+(app/plugins.py)."""
 
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Any, Callable, Optional
-
-
-def load_target(node: Optional[dict[str, Any]]) -> Optional[Callable[..., Any]]:
-    """{"_target_": "pkg.mod.fn", **kwargs} -> fn with kwargs bound; None for an unset node."""
-    if not node:
-        return None
-    from hydra.utils import get_method
-
-    fn = get_method(node["_target_"])
-    kwargs = {k: v for k, v in node.items() if k != "_target_"}
-    return functools.partial(fn, **kwargs) if kwargs else fn
 
 
 def import_target(key: str, node: dict[str, Any], problems: list[str], what: str = "a function") -> Optional[Callable[..., Any]]:

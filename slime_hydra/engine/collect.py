@@ -24,8 +24,11 @@ from slime_hydra.protocols import RolloutBackend, Scorer
 from slime_hydra.types import Sample, SamplingParams, Status
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutPlan:
+    """One rollout's batch as the collector makes it (rollout.*, built by the composition floor: app/session.py),
+    the dynamic-sampling filter already an object."""
+
     rollout_batch_size: int
     over_sampling_batch_size: int
     dynamic_sampling_filter: Optional[Callable] = None
@@ -121,15 +124,6 @@ def weight_lag_metrics(samples: list[Sample], trained_version: int) -> dict[str,
     """Staleness: how many weight updates behind the trainer each sample's generating weights are."""
     lags = [trained_version - s.weight_version for s in samples]
     return {"rollout/weight_version_lag_mean": sum(lags) / len(lags), "rollout/weight_version_lag_max": float(max(lags))}
-
-
-def rollout_plan(r) -> RolloutPlan:
-    """Typed values of the rollout group (validation filled over_sampling_batch_size in)."""
-    from slime_hydra.config.plugins import load_target
-
-    return RolloutPlan(r.rollout_batch_size, r.over_sampling_batch_size or r.rollout_batch_size,
-                       load_target(r.dynamic_sampling_filter), r.partial_rollout, r.mask_offpolicy_in_partial_rollout,
-                       r.max_dynamic_sampling_rounds)
 
 
 def write_rollout_data(template: str, rollout_id: int, got: Collected, meta: dict) -> None:

@@ -9,26 +9,47 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
-from slime_hydra.config.schema import RunConfig
 from slime_hydra.engine import checkpoint as ckpt
-from slime_hydra.engine.collect import collect_rollout, rollout_plan, weight_lag_metrics, write_rollout_data
+from slime_hydra.engine.collect import RolloutPlan, collect_rollout, weight_lag_metrics, write_rollout_data
 from slime_hydra.engine.components import Components, engine_state
 from slime_hydra.engine.feeds import AheadGenerator, RolloutFeed, SyncFeed
 from slime_hydra.engine.report import Progress
 from slime_hydra.engine.steps import advantages, evaluate, rollout_metrics
-from slime_hydra.engine.warmstart import run_warm_start
+from slime_hydra.engine.warmstart import WarmStart, run_warm_start
 
 
-def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[str, float]]]:
-    n, pad, s = cfg.rollout.n_samples_per_prompt, c.tokenizer.pad_token_id, c.state
+@dataclass(frozen=True)
+class LoopSettings:
+    """The typed values the loop reads, built from the RunConfig by the composition floor (app/session.py)."""
+
+    num_rollout: int
+    n_samples_per_prompt: int  # the group size
+    rollout_plan: RolloutPlan  # one rollout's batch: over-sampling, the dynamic-sampling filter, partial rollout
+    warm_start: Optional[WarmStart]  # None: none (warmstart.steps=0)
+    train_async: bool  # train_mode=async: the next rollout generates while this one trains
+    async_buffer_size: int
+    async_rollout_timeout_s: float
+    update_weights_interval: int
+    eval_interval: Optional[int]
+    skip_eval_before_train: bool
+    save_eval_samples: bool
+    save_interval: Optional[int]
+    save_debug_rollout_data: Optional[str]
+    progress_bar: bool
+
+
+def run(settings: LoopSettings, c: Components, save_dir: str) -> list[tuple[int, dict[str, float]]]:
+    n, pad, s = settings.n_samples_per_prompt, c.tokenizer.pad_token_id, c.state
     if s.start_rollout == 0:
-        prepare(cfg, c)
-    feed = open_feed(cfg, c, save_dir)
-    bar = Progress(cfg.num_rollout, s.start_rollout, cfg.logger.progress_bar)
+        prepare(settings, c)
+    feed = open_feed(settings, c, save_dir)
+    bar = Progress(settings.num_rollout, s.start_rollout, settings.progress_bar)
     try:
-        for rollout_id in range(s.start_rollout, cfg.num_rollout):
+        for rollout_id in range(s.start_rollout, settings.num_rollout):
             step, t0 = rollout_id + 1, time.perf_counter()
             got = feed.next(rollout_id)  # generate, reward, dynamic sampling (async: waits for the one generated ahead)
             samples, t1 = got.samples, time.perf_counter()
@@ -36,22 +57,22 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
             t2 = time.perf_counter()
             metrics = c.trainer.train_rollout(batch)  # train
             t3 = time.perf_counter()
-            if due(step, cfg.update_weights_interval, cfg.num_rollout):
+            if due(step, settings.update_weights_interval, settings.num_rollout):
                 feed.update_weights(c.trainer.named_weights(), step)  # sync weights (async: before its next generation)
             t4 = time.perf_counter()
             metrics |= rollout_metrics(samples, n) | got.metrics | weight_lag_metrics(samples, rollout_id) | c.scorer.metrics()
             # the backend's figures (sync requests, retries), the step's timings, the feed's (async: wait, generation rate)
             metrics |= c.rollout.metrics() | perf_metrics(samples, t0, t1, t2, t3, t4) | feed.metrics(got, t1 - t0)
             metrics |= c.source.metrics()  # streamed data: bad rows skipped so far (data.on_bad_row=skip)
-            if cfg.save_debug_rollout_data:
-                write_rollout_data(cfg.save_debug_rollout_data, rollout_id, got, c.rollout_dump_meta)
-            if due(step, cfg.eval.eval_interval, cfg.num_rollout) and c.eval_sets:  # eval, on the latest weights
+            if settings.save_debug_rollout_data:
+                write_rollout_data(settings.save_debug_rollout_data, rollout_id, got, c.rollout_dump_meta)
+            if due(step, settings.eval_interval, settings.num_rollout) and c.eval_sets:  # eval, on the latest weights
                 feed.settle()
-                metrics |= run_eval(cfg, c, step)
+                metrics |= run_eval(settings, c, step)
             c.tracker.log_metrics(metrics, step)  # log
             s.history.append((step, metrics))
             bar.update(metrics)
-            if due(step, cfg.save_interval, cfg.num_rollout):  # save, with what the feed holds (drained first)
+            if due(step, settings.save_interval, settings.num_rollout):  # save, with what the feed holds (drained first)
                 held = feed.state_dict()  # first: it drains the generation, so the buffer is at rest
                 state = engine_state(c, rollout_id) | held
                 ckpt.save_checkpoint(save_dir, rollout_id, ckpt.trainer_files(c.trainer, c.tokenizer), state)
@@ -61,31 +82,31 @@ def run(cfg: RunConfig, c: Components, save_dir: str) -> list[tuple[int, dict[st
     return s.history
 
 
-def open_feed(cfg: RunConfig, c: Components, save_dir: str) -> RolloutFeed:
-    collect = functools.partial(collect_rollout, c.rollout, c.buffer, c.scorer, c.sampling, rollout_plan(cfg.rollout))
-    if cfg.train_mode != "async":
+def open_feed(settings: LoopSettings, c: Components, save_dir: str) -> RolloutFeed:
+    collect = functools.partial(collect_rollout, c.rollout, c.buffer, c.scorer, c.sampling, settings.rollout_plan)
+    if not settings.train_async:
         return SyncFeed(c.rollout, collect)
     version = c.state.ahead.get("async_published_version")  # resumed: published weights the worker had not applied
-    return AheadGenerator(c.rollout, collect, num_rollout=cfg.num_rollout, buffer_size=cfg.async_buffer_size,
-                          timeout_s=cfg.async_rollout_timeout_s, resume_hint=lambda: ckpt.resume_hint(save_dir),
+    return AheadGenerator(c.rollout, collect, num_rollout=settings.num_rollout, buffer_size=settings.async_buffer_size,
+                          timeout_s=settings.async_rollout_timeout_s, resume_hint=lambda: ckpt.resume_hint(save_dir),
                           first_rollout_id=c.state.start_rollout, ready=c.state.ahead.get("async_ready", []),
                           published=None if version is None else (c.trainer.named_weights(), version))
 
 
-def prepare(cfg: RunConfig, c: Components) -> None:
+def prepare(settings: LoopSettings, c: Components) -> None:
     """Before the first rollout: warm start, reference snapshot, weight sync, eval at step 0."""
-    if cfg.warmstart.steps:
-        c.tracker.log_metrics(run_warm_start(cfg.warmstart, c, cfg.seed), 0)
+    if settings.warm_start is not None:
+        c.tracker.log_metrics(run_warm_start(settings.warm_start, c), 0)
     c.trainer.freeze_reference()
     c.rollout.update_weights(c.trainer.named_weights(), version=0)
-    if c.eval_sets and not cfg.eval.skip_eval_before_train:
-        metrics = run_eval(cfg, c, 0)
+    if c.eval_sets and not settings.skip_eval_before_train:
+        metrics = run_eval(settings, c, 0)
         c.tracker.log_metrics(metrics, 0)
         c.state.history.append((0, metrics))
 
 
-def run_eval(cfg: RunConfig, c: Components, step: int) -> dict[str, float]:
-    sample_dir = Path(c.output_dir) / "eval" if cfg.eval.save_eval_samples else None
+def run_eval(settings: LoopSettings, c: Components, step: int) -> dict[str, float]:
+    sample_dir = Path(c.output_dir) / "eval" if settings.save_eval_samples else None
     metrics, files = evaluate(c.rollout, c.eval_sets, step, sample_dir)
     for f in files:
         c.tracker.log_artifact(str(f), f"eval/{f.parent.name}")

@@ -15,8 +15,6 @@ from typing import Callable, Optional
 
 import torch
 
-from slime_hydra.config.plugins import load_target
-from slime_hydra.config.schema import WarmStartConfig
 from slime_hydra.data.dataset import Prompt
 from slime_hydra.engine.components import Components
 from slime_hydra.engine.steps import EvalSet, evaluate
@@ -32,6 +30,23 @@ def sft_samples(prompts: list[Prompt], tokenizer) -> list[Sample]:
         out.append(Sample(prompt=p.prompt, label=p.label, prompt_tokens=p.tokens, tokens=p.tokens + target,
                           response_length=len(target), loss_mask=[1] * len(target)))
     return out
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """The warm start the engine runs (warmstart.*, built by the composition floor: app/session.py), its SFT-samples
+    plug-in already an object. With `target_train_accuracy`, greedy accuracy on `check_prompts` training prompts is
+    checked every `check_interval` steps from `min_steps` on, and the first that reaches it stops the warm start."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    seed: int
+    custom_sft_samples: Optional[Callable[..., list[Sample]]]  # fn(prompts, tokenizer) -> samples; None: label + eos
+    target_train_accuracy: Optional[float]
+    check_prompts: int
+    check_interval: int
+    min_steps: int
 
 
 @dataclass
@@ -78,15 +93,15 @@ def accuracy_check(trainer: TrainBackend, rollout: RolloutBackend, prompts: list
     return check
 
 
-def run_warm_start(w: WarmStartConfig, c: Components, seed: int) -> dict[str, float]:
+def run_warm_start(w: WarmStart, c: Components) -> dict[str, float]:
     """The engine's warm start: its metrics at step 0."""
     t0 = time.perf_counter()
     check = None
     if w.target_train_accuracy is not None:
-        prompts = random.Random(seed).sample(c.train_prompts, min(w.check_prompts, len(c.train_prompts)))
+        prompts = random.Random(w.seed).sample(c.train_prompts, min(w.check_prompts, len(c.train_prompts)))
         check = accuracy_check(c.trainer, c.rollout, prompts, c.scorer, c.sampling)
-    res = warm_start(c.trainer, c.train_prompts, c.tokenizer, w.steps, w.batch_size, w.lr, seed,
-                     load_target(w.custom_sft_samples), check, w.check_interval, w.target_train_accuracy, w.min_steps)
+    res = warm_start(c.trainer, c.train_prompts, c.tokenizer, w.steps, w.batch_size, w.lr, w.seed,
+                     w.custom_sft_samples, check, w.check_interval, w.target_train_accuracy, w.min_steps)
     metrics = {"warmstart/sft_loss": res.losses[-1], "warmstart/steps": float(res.steps),
                "perf/warmstart_time_s": time.perf_counter() - t0}
     if res.train_accuracy is not None:

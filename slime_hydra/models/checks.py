@@ -9,7 +9,7 @@ option a user picks; slime and verl run RL of 0.6B-70B models at 1e-6. Refused w
 checkpoint (model.hf_checkpoint or load=: a trained model is what gets destroyed), a warning for a random init,
 whose warm start is all there is to lose; `train.allow_unsafe_lr=true` lifts both (a random-init "checkpoint"
 taught one task learns at 1e-4: the qwen3-0.6b experiments set it). The rule for half precision without an fp32
-copy is the torch trainer's (training/torch_checks.py).
+copy is the torch trainer's (training/checks.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ import time
 from typing import Any, Callable, Optional, TypeVar
 
 from slime_hydra.aio import run_sync
-from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import RewardConfig
 from slime_hydra.errors import RunError, UserError
 from slime_hydra.rewards.remote import RemoteRewardModel
@@ -58,14 +57,15 @@ async def _maybe_await(x):
 
 
 class RewardScorer:
-    """Built once per run from the reward config; `score(samples)` fills `sample.reward` in place."""
+    """Built once per run from the reward config and, with reward.custom_rm, the function it names, loaded by the
+    composition floor (app/plugins.reward_scorer); `score(samples)` fills `sample.reward` in place."""
 
-    def __init__(self, cfg: RewardConfig, reward_key: Optional[str] = None):
+    def __init__(self, cfg: RewardConfig, reward_key: Optional[str] = None, custom: Optional[Callable[..., Any]] = None):
+        if bool(cfg.custom_rm) != (custom is not None):
+            raise ValueError("reward.custom_rm and the function loaded from it come together (app/plugins.reward_scorer)")
         self.cfg = cfg
         self.reward_key = reward_key if reward_key is not None else cfg.reward_key
-        self.custom = None
-        if cfg.custom_rm:
-            self.custom = load_target(cfg.custom_rm)  # its keys bound (inspect still sees an async def through the partial)
+        self.custom = custom  # its keys bound (inspect still sees an async def through a partial)
         self.remote = (RemoteRewardModel(cfg.rm_url, cfg.rm_concurrency, cfg.rm_timeout_s, cfg.rm_max_retries,
                                          cfg.rm_retry_backoff_s, cfg.rm_on_failure, cfg.rm_failure_score)
                        if cfg.rm_url else None)

@@ -19,6 +19,7 @@ from slime_hydra.agent.env import StepResult, ToolError
 from slime_hydra.agent.hook import AgentRollout, check_generate, check_sample_overrides
 from slime_hydra.agent.metrics import agent_metrics
 from slime_hydra.agent.multi_turn import CHAT_OBSERVATION
+from slime_hydra.app.plugins import load_hook
 from slime_hydra.models.tokenizer import build_char_tokenizer
 from slime_hydra.training.batch import collate
 from slime_hydra.types import Sample, SamplingParams, Status
@@ -65,7 +66,7 @@ class ScriptedBackend:
 
 
 def run(backend, prompts, max_turns=3, max_new=40, env="slime_hydra.agent.calculator.CalculatorEnv", **kw):
-    rollout = AgentRollout(backend, TOK, {"_target_": MULTI, "env": {"_target_": env}, **kw}, max_turns)
+    rollout = AgentRollout(backend, TOK, {"_target_": MULTI, "env": {"_target_": env}, **kw}, max_turns, load_hook)
     samples = [Sample(prompt=p, prompt_tokens=ids(p), label=None) for p in prompts]
     return asyncio.run(rollout.generate(samples, SamplingParams(max_new_tokens=max_new, stop_token_ids=(EOS,))))
 
@@ -254,7 +255,7 @@ def test_chat_observation_and_tool_key_template(tmp_path):
     assert p.text == "<|im_start|>system\ntools: calc<|im_end|>\n<|im_start|>user\n12*34<|im_end|>\n<|im_start|>assistant\n"
     backend = ScriptedBackend([CALL, ANSWER])
     rollout = AgentRollout(backend, TOK, {"_target_": MULTI, "env": {"_target_": "slime_hydra.agent.calculator.CalculatorEnv"},
-                                          "observation_template": CHAT_OBSERVATION}, 2)
+                                          "observation_template": CHAT_OBSERVATION}, 2, load_hook)
     (s,) = asyncio.run(rollout.generate([Sample(prompt=p.prompt, prompt_tokens=p.tokens)], SamplingParams(max_new_tokens=80, stop_token_ids=(EOS,))))
     # the observation closes the assistant turn and reopens it, as the template renders a tool message
     rendered = TOK.apply_chat_template([{"role": "user", "content": "12*34"}, {"role": "assistant", "content": "<tool_call>12*34</tool_call>"},
@@ -309,7 +310,7 @@ def test_per_sample_override_through_metadata():
     problems = check_sample_overrides([{}, {"custom_generate": f"{HERE}.sync_hook"}], "data")
     assert len(problems) == 1 and "data (prompt 2) metadata.custom_generate" in problems[0]
     backend = ScriptedBackend([ANSWER])
-    rollout = AgentRollout(backend, TOK, None, 1)
+    rollout = AgentRollout(backend, TOK, None, 1, load_hook)
     samples = [Sample(prompt="a", prompt_tokens=ids("12*34=")),
                Sample(prompt="b", prompt_tokens=ids("12*35="), metadata={"custom_generate": {"_target_": f"{HERE}.echo_hook",
                                                                                               "suffix": "?"}})]

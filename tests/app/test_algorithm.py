@@ -23,8 +23,8 @@ from slime_hydra.algorithms import surrogates as S
 from slime_hydra.algorithms.advantages import ppo_advantages
 from slime_hydra.algorithms.estimators import ESTIMATORS, compute_advantages
 from slime_hydra.app.algorithm import algorithm_specs, run_specs
+from slime_hydra.app.plugins import load_target
 from slime_hydra.app.preflight import compose_run
-from slime_hydra.config.plugins import load_target
 from slime_hydra.config.schema import AlgorithmConfig
 from slime_hydra.engine.steps import advantages
 from slime_hydra.training.batch import collate

@@ -10,6 +10,7 @@ from collections import Counter
 
 import pytest
 
+from slime_hydra.app.plugins import reward_scorer
 from slime_hydra.app.preflight import compose_run
 from slime_hydra.config.schema import RewardConfig
 from slime_hydra.data.buffer import DataBuffer, check_reward_nonzero_std, fifo_buffer_filter
@@ -17,7 +18,6 @@ from slime_hydra.data.dataset import load_prompts
 from slime_hydra.data.source import PromptSource
 from slime_hydra.engine.collect import RolloutPlan, collect_rollout
 from slime_hydra.errors import ConfigError, UserError
-from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.types import SamplingParams, Status
 
 
@@ -92,7 +92,7 @@ def test_buffer_filter_signature_checked_at_validation():
 def test_dynamic_sampling_fills_the_batch_and_counts_drops(parts):
     rollout, source = make(parts, n=2)
     buf = DataBuffer(source)
-    scorer = RewardScorer(RewardConfig(custom_rm={"_target_": "tests.data.test_buffer.group_pattern_reward"}))
+    scorer = reward_scorer(RewardConfig(custom_rm={"_target_": "tests.data.test_buffer.group_pattern_reward"}))
     plan = RolloutPlan(rollout_batch_size=4, over_sampling_batch_size=4, dynamic_sampling_filter=check_reward_nonzero_std)
     sp = SamplingParams(max_new_tokens=3)  # no stop token: every sample ends at the same step, groups finish in order
     # rollout 1. round 1 serves groups 0-3: 0 and 3 agree (dropped), 1 and 2 pass. Round 2 serves 4-7: 4 and 5 pass
@@ -116,7 +116,7 @@ def test_dynamic_sampling_fills_the_batch_and_counts_drops(parts):
 def test_surplus_groups_keep_their_generation_with_partial_rollout(parts):
     rollout, source = make(parts, n=2)
     buf = DataBuffer(source)
-    scorer = RewardScorer(RewardConfig(custom_rm={"_target_": "tests.data.test_buffer.group_pattern_reward"}))
+    scorer = reward_scorer(RewardConfig(custom_rm={"_target_": "tests.data.test_buffer.group_pattern_reward"}))
     plan = RolloutPlan(4, 4, check_reward_nonzero_std, partial_rollout=True)
     sp = SamplingParams(max_new_tokens=3)
     collect_rollout(rollout, buf, scorer, sp, plan)
@@ -136,7 +136,7 @@ def test_a_filter_that_never_keeps_a_group_stops_at_max_rounds_naming_the_keys(p
 
     rollout, source = make(parts, n=2)
     buf = DataBuffer(source)
-    scorer = RewardScorer(RewardConfig(custom_rm={"_target_": "tests.data.test_buffer.group_pattern_reward"}))
+    scorer = reward_scorer(RewardConfig(custom_rm={"_target_": "tests.data.test_buffer.group_pattern_reward"}))
     plan = RolloutPlan(rollout_batch_size=4, over_sampling_batch_size=4, dynamic_sampling_filter=drops_everything,
                        max_rounds=3)
     with pytest.raises(RunError) as e:
@@ -159,7 +159,7 @@ def test_partial_rollout_reserves_every_aborted_group_exactly_once(parts, mask):
     served: Counter = Counter()
     get = buf.get_groups
     buf.get_groups = lambda k: [served.update([g[0].group_index]) or g for g in get(k)]  # record every serve
-    scorer = RewardScorer(RewardConfig(custom_rm={"_target_": "tests.data.test_buffer.group_pattern_reward"}))
+    scorer = reward_scorer(RewardConfig(custom_rm={"_target_": "tests.data.test_buffer.group_pattern_reward"}))
     plan = RolloutPlan(2, 4, None, partial_rollout=True, mask_offpolicy_in_partial_rollout=mask)
     sp = SamplingParams(max_new_tokens=8, stop_token_ids=tuple(range(4, 14)))
     trained: list[int] = []

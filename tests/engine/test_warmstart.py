@@ -8,6 +8,7 @@ import pytest
 
 from slime_hydra.app.build import build
 from slime_hydra.app.preflight import compose_run
+from slime_hydra.app.session import loop_settings
 from slime_hydra.config.schema import RewardConfig
 from slime_hydra.engine.loop import prepare
 from slime_hydra.engine.steps import EvalSet, evaluate, generate_groups
@@ -89,7 +90,7 @@ def test_target_lands_in_a_band_where_a_fixed_step_count_does_not(tmp_path):
     c = build(cfg, str(tmp_path))
     logged = []
     c.tracker.log_metrics = lambda m, step: logged.append(m)
-    prepare(cfg, c)
+    prepare(loop_settings(cfg), c)
     c.rollout.shutdown()
     w, heldout = logged[0], c.state.history[0][1]["eval/addition/accuracy"]
     assert w["warmstart/train_accuracy"] >= 0.3 and w["warmstart/steps"] % 5 == 0 and w["warmstart/steps"] < 1000, w

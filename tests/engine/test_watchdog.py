@@ -13,10 +13,10 @@ import time
 
 import pytest
 
+from slime_hydra.app.plugins import reward_scorer
 from slime_hydra.config.schema import RewardConfig
 from slime_hydra.engine.watchdog import StallWatchdog
 from slime_hydra.errors import RunError, StallError
-from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.types import Sample
 from tests.support.runs import FAST, ROOT, run_cli
 
@@ -83,7 +83,7 @@ async def hangs_async(sample, **kw):
 
 @pytest.mark.parametrize("target", ["hangs", "hangs_async"])
 def test_a_custom_reward_that_never_returns_fails_naming_the_key(target):
-    scorer = RewardScorer(RewardConfig(custom_rm={"_target_": f"{__name__}.{target}"}, custom_rm_timeout_s=0.5))
+    scorer = reward_scorer(RewardConfig(custom_rm={"_target_": f"{__name__}.{target}"}, custom_rm_timeout_s=0.5))
     t0 = time.monotonic()
     with pytest.raises(RunError, match=r"did not return within reward.custom_rm_timeout_s=0.5 s for 2 samples"):
         scorer.score([Sample(prompt="p", response="r"), Sample(prompt="p", response="r")])

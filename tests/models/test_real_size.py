@@ -12,7 +12,7 @@ from slime_hydra.app.preflight import compose_run, validate_composed
 from slime_hydra.config.compose import Composer, check_overrides
 from slime_hydra.errors import ConfigError
 from slime_hydra.models.size import num_parameters
-from slime_hydra.training.torch_checks import max_lost_lr
+from slime_hydra.training.checks import max_lost_lr
 from tests.support.runs import FAST, run_cli
 
 # Qwen3-0.6B's config.json, the fields the checks read (values of the released model)

@@ -97,12 +97,13 @@ def first_step(args: list[str], cfg, c) -> dict:
 
 def step_and_two_rollouts(label: str, args: list[str], cfg, c, out: Path) -> tuple[dict, list]:
     """first_step, then the loop's rollouts (SHORT: 2) from the ranks it trained; the times printed."""
+    from slime_hydra.app.session import loop_settings
     from slime_hydra.engine import loop
 
     t0 = time.monotonic()
     step = first_step(args, cfg, c)
     t1 = time.monotonic()
-    history = loop.run(cfg, c, str(out / "ckpt"))
+    history = loop.run(loop_settings(cfg), c, str(out / "ckpt"))
     print(f"{label}: first step {t1 - t0:.0f} s, 2 rollouts {time.monotonic() - t1:.0f} s; {step}; "
           f"{[{k: v for k, v in m.items() if 'sync' in k or 'logprob' in k} for _, m in history]}")
     return step, history
@@ -221,6 +222,7 @@ LEARN_ROLLOUTS = 30
 
 
 def learns(tmp_path: Path, layout: list[str]) -> None:
+    from slime_hydra.app.session import loop_settings
     from slime_hydra.engine import loop
     from tests.rollout.sglang.test_backend import EVAL_RISE_MIN, REWARD_RISE_MIN, fitted_rise
 
@@ -229,7 +231,7 @@ def learns(tmp_path: Path, layout: list[str]) -> None:
     t0 = time.monotonic()
     cfg, c = built(tmp_path, args)
     try:
-        history = loop.run(cfg, c, str(tmp_path / "ckpt"))
+        history = loop.run(loop_settings(cfg), c, str(tmp_path / "ckpt"))
     finally:
         c.rollout.shutdown()
     rewards, evals = rewards_of(history), eval_of(history)
@@ -368,10 +370,10 @@ def ranks_on_the_shared_engines(cfg, shared, out: Path):
 
     from slime_hydra.app.algorithm import advantage_spec, run_specs
     from slime_hydra.app.build_ray import build_train_group
+    from slime_hydra.app.plugins import reward_scorer
     from slime_hydra.engine.components import LoopState
     from slime_hydra.orchestration.calls import RayCalls
     from slime_hydra.orchestration.placement import create_placement_group
-    from slime_hydra.rewards.compute import RewardScorer
 
     # the train bundles only: the engines are the shared ones
     pg, layout = create_placement_group(dataclasses.replace(cfg.cluster, rollout_num_gpus=0), "the module's cluster")
@@ -385,7 +387,7 @@ def ranks_on_the_shared_engines(cfg, shared, out: Path):
         if trainer is None:
             remove_placement_group(pg)
     # a fresh buffer on the same source; this run's reward and advantage estimator
-    c = dataclasses.replace(shared, trainer=trainer, state=LoopState(), buffer=None, scorer=RewardScorer(cfg.reward),
+    c = dataclasses.replace(shared, trainer=trainer, state=LoopState(), buffer=None, scorer=reward_scorer(cfg.reward),
                             advantage=advantage_spec(cfg.algorithm), output_dir=str(out))
     return c, pg, trainer
 
@@ -419,6 +421,7 @@ def test_ppo_async_megatron_critic_over_the_shared_engines(disaggregated, tmp_pa
     critic starts at values 0 (a zero head) and learns from rewards that differ within a group (the digit reward); the
     ranks feed the engines over their own update groups, every sync checked equal. Runs last: it syncs its weights into
     the shared engines."""
+    from slime_hydra.app.session import loop_settings
     from slime_hydra.engine import loop
 
     _, shared, _, _, _ = disaggregated
@@ -429,7 +432,7 @@ def test_ppo_async_megatron_critic_over_the_shared_engines(disaggregated, tmp_pa
     c, pg, trainer = ranks_on_the_shared_engines(cfg, shared, tmp_path)
     try:
         with fetches_counted(trainer) as fetched:
-            history = loop.run(cfg, c, str(tmp_path / "ckpt"))
+            history = loop.run(loop_settings(cfg), c, str(tmp_path / "ckpt"))
         print(f"ppo async: {time.monotonic() - t0:.0f} s; "
               f"{[{k: v for k, v in m.items() if k.startswith('train/value') or 'version' in k} for _, m in history]}")
         assert_ranks_fed_the_engines(c, fetched)

@@ -58,6 +58,7 @@ def test_colocated_engine_gets_the_weights_from_the_rank_on_its_bundle(ray_head,
     import ray
 
     from slime_hydra.app.build import build
+    from slime_hydra.app.session import loop_settings
     from slime_hydra.engine import loop
     from slime_hydra.orchestration.rank_weights import RankWeights
     from slime_hydra.rollout.sglang import weights as W
@@ -68,7 +69,7 @@ def test_colocated_engine_gets_the_weights_from_the_rank_on_its_bundle(ray_head,
     try:
         r = c.rollout
         assert r.mode == "tensor" and r.group.launcher.layout.engine_bundles == ((0,),)
-        history = loop.run(cfg, c, str(tmp_path / "ckpt"))
+        history = loop.run(loop_settings(cfg), c, str(tmp_path / "ckpt"))
         assert [m["rollout/weight_version"] for _, m in history if "rollout/weight_version" in m] == [0.0, 1.0]
         assert r.weight_version == 2 == r.synced_version
         assert isinstance(r._last_weights, RankWeights) and r._last_weights.engine_ranks == [[0]]
@@ -85,6 +86,7 @@ def ray_run(ray_head, tmp_path_factory):
     import ray
 
     from slime_hydra.app.build import build
+    from slime_hydra.app.session import loop_settings
     from slime_hydra.engine import loop
 
     join_ray(ray_head, "sglang_engines")
@@ -93,7 +95,7 @@ def ray_run(ray_head, tmp_path_factory):
     c = build(cfg, str(out))
     try:
         with fetches_counted(c.trainer) as fetched:
-            history = loop.run(cfg, c, str(out / "ckpt"))
+            history = loop.run(loop_settings(cfg), c, str(out / "ckpt"))
         assert fetched == [], "the driver fetched the weights from the object store during the run"
         yield cfg, c, history
     finally:

@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from slime_hydra.app.plugins import reward_scorer
 from slime_hydra.app.preflight import compose_run, preflight
 from slime_hydra.config.schema import RewardConfig
 from slime_hydra.engine.steps import pass_at_k
@@ -87,13 +88,13 @@ def two_args(sample, other):
 def test_custom_rewards_sync_async_group():
     mk = lambda: [Sample(prompt="p", response="abc"), Sample(prompt="p", response="de")]  # noqa: E731
     s = mk()
-    RewardScorer(RewardConfig(custom_rm={"_target_": f"{__name__}.length_reward", "scale": 0.5})).score(s)
+    reward_scorer(RewardConfig(custom_rm={"_target_": f"{__name__}.length_reward", "scale": 0.5})).score(s)
     assert [x.reward for x in s] == [1.5, 1.0]
     s = mk()
-    RewardScorer(RewardConfig(custom_rm={"_target_": f"{__name__}.async_reward"})).score(s)
+    reward_scorer(RewardConfig(custom_rm={"_target_": f"{__name__}.async_reward"})).score(s)
     assert [x.reward for x in s] == [2.0, 2.0]
     s = mk()
-    RewardScorer(RewardConfig(custom_rm={"_target_": f"{__name__}.group_reward"}, group_rm=True)).score(s)
+    reward_scorer(RewardConfig(custom_rm={"_target_": f"{__name__}.group_reward"}, group_rm=True)).score(s)
     assert [x.reward for x in s] == [0.0, 1.0]
 
 

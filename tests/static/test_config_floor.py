@@ -37,7 +37,7 @@ def test_config_names_no_backend_outside_the_schema():
 
 
 def check_modules() -> list[Path]:
-    return sorted({*(PACKAGE / "config").glob("checks*.py"), *PACKAGE.rglob("checks.py"), *PACKAGE.rglob("*_checks.py"),
+    return sorted({*(PACKAGE / "config").glob("checks*.py"), *PACKAGE.rglob("checks.py"),
                    PACKAGE / "app" / "derive.py"})
 
 

@@ -117,13 +117,14 @@ def sglang_run(tmp_path_factory):
     (cluster.colocate=false: weight_sync=auto syncs over a gloo update group per engine); every sync is
     checked equal on both engines. The sglang components stay up for the other tests."""
     from slime_hydra.app.build import build
+    from slime_hydra.app.session import loop_settings
     from slime_hydra.engine import loop
 
     out = tmp_path_factory.mktemp("sglang")
     cfg = compose_run([EXPERIMENT, *RUN, f"num_rollout={NUM_ROLLOUT}", *FIXTURE])
     c = build(cfg, str(out))
     try:
-        history = loop.run(cfg, c, str(out / "ckpt"))
+        history = loop.run(loop_settings(cfg), c, str(out / "ckpt"))
         (out / "curves.json").write_text(json.dumps({"reward": rewards_of(history), "eval": eval_of(history)}))
         yield cfg, c, history
     finally:
@@ -157,10 +158,11 @@ def test_local_reference_run(tmp_path):
     """The same config, seed and warm start through the local backend (one engine in the driver): it learns
     within the same bounds (a reference for what the sglang run should show)."""
     from slime_hydra.app.build import build
+    from slime_hydra.app.session import loop_settings
     from slime_hydra.engine import loop
 
     cfg = compose_run([EXPERIMENT, "rollout=local", "cluster.rollout_num_gpus=null", *RUN, f"num_rollout={NUM_ROLLOUT}"])
-    history = loop.run(cfg, build(cfg, str(tmp_path)), str(tmp_path / "ckpt"))
+    history = loop.run(loop_settings(cfg), build(cfg, str(tmp_path)), str(tmp_path / "ckpt"))
     (s0, first), (s1, last) = eval_of(history)
     print(f"local backend: eval/addition/accuracy {first:.3f} -> {last:.3f}, "
           f"reward fitted rise {fitted_rise(rewards_of(history)):+.3f}")
@@ -206,10 +208,11 @@ def test_abort_returns_partial_samples_and_engines_keep_serving(sglang_run):
     """abort() mid-generation: every sample comes back, those cut short marked ABORTED with the tokens
     and logprobs they had; then the same samples continue from their tokens to the end."""
     from slime_hydra.agent.hook import AgentRollout
+    from slime_hydra.app.plugins import load_hook
 
     _, c, _ = sglang_run
     r = c.rollout
-    agent = AgentRollout(r, c.tokenizer, None, 1)  # the agent wrapper forwards abort() to the backend
+    agent = AgentRollout(r, c.tokenizer, None, 1, load_hook)  # the agent wrapper forwards abort() to the backend
     samples = [s for g in c.source.next_groups(8) for s in g]  # 8 x 8 = 64
     # no stop token: each sample would run its full 200 new tokens (the context is 256); 64 x 200 tokens
     # take ~7 s on two loaded CPU engines; the abort comes after 0.75 s (the requests reach the engines in

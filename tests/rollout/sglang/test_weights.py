@@ -91,6 +91,7 @@ def short_run(tmp_path_factory):
     real sqlite MLflow store. The engine stays up for the tests."""
     from slime_hydra.app.build import build
     from slime_hydra.app.preflight import compose_run
+    from slime_hydra.app.session import loop_settings
     from slime_hydra.engine import loop
     from tests.support.runs import mlflow_db
 
@@ -99,11 +100,11 @@ def short_run(tmp_path_factory):
     cfg = compose_run([EXPERIMENT, *SHORT, f"num_rollout={NUM_ROLLOUT}", f"logger.tracking_uri={db}"])
     c = build(cfg, str(out))
     try:
-        history = loop.run(cfg, c, str(out / "ckpt"))
+        history = loop.run(loop_settings(cfg), c, str(out / "ckpt"))
         cfg_async = compose_run([EXPERIMENT, *SHORT, f"num_rollout={NUM_ROLLOUT + ASYNC_ROLLOUTS}", "train_mode=async",
                                  f"logger.tracking_uri={db}"])
         c.state.start_rollout = NUM_ROLLOUT
-        loop.run(cfg_async, c, str(out / "ckpt"))
+        loop.run(loop_settings(cfg_async), c, str(out / "ckpt"))
         yield cfg, c, history, db, c.rollout.weight_version
     finally:
         c.tracker.close("FINISHED")
