@@ -24,7 +24,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Optional
 
-from slime_hydra.app.preflight import validate_composed
+from slime_hydra.app.preflight import check_composed
 from slime_hydra.config.compose import Composer, check_overrides
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.errors import ConfigError, Missing, UserError
@@ -45,7 +45,7 @@ def compose_for_plan(overrides: list[str], config_name: str = "config") -> tuple
         composed, problems = check_overrides(composer, overrides)
     if composed is None or problems:
         raise ConfigError(problems)
-    cfg, problems, _ = validate_composed(composed)  # a run's preflight: typed config, then every check (app/checks.py)
+    cfg, problems, _ = check_composed(composed)  # a run's preflight: typed config, then every check (app/checks.py)
     if cfg is None:
         raise ConfigError(problems)
     missing = [p for p in problems if isinstance(p, Missing)]

@@ -17,7 +17,8 @@ from slime_hydra.config.schema import RunConfig
 from slime_hydra.errors import ConfigError
 
 
-def validate_composed(cfg: DictConfig) -> tuple[Optional[RunConfig], list[str], list[str]]:
+def check_composed(cfg: DictConfig) -> tuple[Optional[RunConfig], list[str], list[str]]:
+    """A composed config -> (the typed and derived RunConfig, or None; every problem; notes)."""
     try:
         typed = to_run_config(cfg)
     except Exception as e:  # noqa: BLE001 - missing values and interpolation errors
@@ -34,7 +35,7 @@ def preflight(overrides: list[str], multirun: bool = False, config_name: str = "
         for job in jobs:
             cfg, probs = check_overrides(composer, job)
             if cfg is not None:
-                typed, more, _ = validate_composed(cfg)
+                typed, more, _ = check_composed(cfg)
                 probs = probs + more
                 if typed is not None and not probs:
                     configs.append(typed)
@@ -51,7 +52,7 @@ def compose_run(overrides: list[str], config_name: str = "config") -> RunConfig:
         cfg, problems = check_overrides(composer, overrides)
         if cfg is None:
             raise ConfigError(problems)
-        typed, more, _ = validate_composed(cfg)
+        typed, more, _ = check_composed(cfg)
         problems += more
     if problems:
         raise ConfigError(problems)

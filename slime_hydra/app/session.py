@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.app.build import build
 from slime_hydra.app.plugins import load_target
-from slime_hydra.app.preflight import validate_composed
+from slime_hydra.app.preflight import check_composed
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.engine import loop, report
 from slime_hydra.engine.checkpoint import resume_hint
@@ -115,7 +115,7 @@ def task(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    typed, problems, notes = validate_composed(cfg)
+    typed, problems, notes = check_composed(cfg)
     if problems:
         raise ConfigError(problems)
     hc = HydraConfig.get()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slime_hydra.app.checks import check
-from slime_hydra.app.preflight import compose_run, validate_composed
+from slime_hydra.app.preflight import check_composed, compose_run
 from slime_hydra.config.compose import Composer, check_overrides
 from tests.support.runs import problems_of
 
@@ -130,6 +130,6 @@ def test_one_sample_per_prompt_turns_std_normalization_off():
                  "train.micro_batch_size=8"]
     with Composer("config") as composer:
         cfg, problems = check_overrides(composer, overrides)
-        typed, more, notes = validate_composed(cfg)
+        typed, more, notes = check_composed(cfg)
     assert problems == more == [] and typed.algorithm.grpo_std_normalization is False
     assert any("grpo_std_normalization turned off" in n for n in notes)

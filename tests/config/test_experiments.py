@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from slime_hydra.app.preflight import validate_composed
+from slime_hydra.app.preflight import check_composed
 from slime_hydra.config.compose import Composer, check_overrides
 from slime_hydra.errors import Missing
 from tests.support.runs import EXPERIMENTS, ROOT, run_cli
@@ -50,7 +50,7 @@ def golden_path(name: str) -> Path:
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_composes_and_validates(name):
     cfg, problems = compose(name)
-    typed, more, _ = validate_composed(cfg)
+    typed, more, _ = check_composed(cfg)
     problems = [p for p in problems + more if not isinstance(p, Missing)]  # checkpoints/data of GPU machines
     if name in PENDING:
         assert any(PENDING[name] in p for p in problems), f"{name} no longer waits on {PENDING[name]!r}: drop it from PENDING"

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from slime_hydra.app.preflight import compose_run, validate_composed
+from slime_hydra.app.preflight import check_composed, compose_run
 from slime_hydra.config.compose import Composer, check_overrides
 from slime_hydra.errors import ConfigError
 from slime_hydra.models.size import num_parameters
@@ -25,7 +25,7 @@ def validated(overrides: list[str]):
     """(typed config or None, problems, notes) of one composed run."""
     with Composer() as c:
         cfg, problems = check_overrides(c, overrides)
-    typed, more, notes = validate_composed(cfg)
+    typed, more, notes = check_composed(cfg)
     return typed, problems + more, notes
 
 
