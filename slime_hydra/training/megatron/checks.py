@@ -129,7 +129,7 @@ def check_batching(train: TrainConfig, p: ParallelismConfig, m: ModelConfig) -> 
     backend runs them."""
     problems = []
     if train.qkv_format == "thd":
-        # what the packed path (training/megatron/backend.py, model.SDPAttention._thd) is built and tested for
+        # what the packed path (training/megatron/runner.py, model.SDPAttention._thd) is built and tested for
         refused = [f"{key}={value}" for key, value, ok in (
             ("parallelism.pipeline_model_parallel_size", p.pipeline_model_parallel_size, 1),
             ("parallelism.context_parallel_size", p.context_parallel_size, 1),

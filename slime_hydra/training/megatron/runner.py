@@ -52,7 +52,7 @@ class MegatronRunner:
         self.config = transformer_config(model, parallel)
         self.config.finalize_model_grads_func = lambda chunks, num_tokens=None, **kw: finalize_model_grads(chunks, None, **kw)
         # train.qkv_format=thd: each micro-batch runs as one packed row (PackedSeqParams, model.SDPAttention._thd); TP
-        # without sequence parallelism, PP=1, CP=1 (config/validate_microbatch.py)
+        # without sequence parallelism, PP=1, CP=1 (training/megatron/checks.py: check_batching)
         self.thd = batch.qkv_format == "thd"
 
     # -- models ------------------------------------------------------------------------------
