@@ -48,7 +48,7 @@ class ModelConfig:
     # whose forward runs the model in the torch trainer and the local rollout (SGLang's --model-impl idea):
     # transformers (the HF modules) | native (models/native.py over the same parameters: packed, padding-free
     # tokens; dense qwen3/llama only; exact to float rounding) | auto (native where it runs, else transformers,
-    # resolved at validation)
+    # resolved before the run: app/derive.py)
     model_impl: str = "transformers"
     # -- read by the megatron backend (slime's MODEL_ARGS; the torch backend builds only dense qwen3/llama) --
     normalization: str = "RMSNorm"  # RMSNorm | LayerNorm
@@ -329,7 +329,7 @@ class TrainConfig:
     adam_impl: str = "fused"
     clip_grad: float = 1.0
     # Leave samples whose advantages are all zero out of the backward pass. Exact when no term of the
-    # loss (KL, entropy) depends on them; validation turns it off otherwise.
+    # loss (KL, entropy) depends on them; derivation (app/derive.py) turns it off otherwise.
     skip_zero_advantage_samples: bool = True
     # Run each distinct prompt once per micro-batch and share its activations (KV) with the group's
     # samples: the same loss and gradients as the plain forward, fewer FLOPs (training/prefix.py).
