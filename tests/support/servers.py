@@ -35,9 +35,20 @@ RAY_HEAD_CPUS = 16  # logical: enough for the modules that run side by side (8 f
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free loopback ports. All sockets stay bound until every port is picked: ports picked one at a
+    time may repeat (the kernel hands a just-closed port out again), and Ray refuses a port given to two components."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
@@ -183,11 +194,10 @@ class RayHead:
 
 def _start_ray_head() -> dict:
     temp = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # AF_UNIX socket paths under it must stay < 107 bytes
-    port, dash = free_port(), free_port()
-    ports = {flag: str(free_port()) for flag in ("--ray-client-server-port", "--dashboard-agent-listen-port",
-                                                 "--dashboard-agent-grpc-port", "--metrics-export-port",
-                                                 "--runtime-env-agent-port", "--node-manager-port",
-                                                 "--object-manager-port")}  # defaults are fixed numbers: avoid clashes
+    flags = ("--ray-client-server-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+             "--metrics-export-port", "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port")
+    port, dash, *rest = free_ports(2 + len(flags))
+    ports = {flag: str(p) for flag, p in zip(flags, rest)}  # defaults are fixed numbers: avoid clashes
     args = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
             "--num-cpus", str(RAY_HEAD_CPUS), "--num-gpus", "0", "--object-store-memory", str(400 * 2**20),
             "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
