@@ -104,7 +104,7 @@ class Layout:
 
 
 def moe_pattern(m: ModelConfig) -> list[int]:
-    """1 per MoE layer (config/validate_model.num_parameters' reading of model.moe_layer_freq)."""
+    """1 per MoE layer (models/size.num_parameters' reading of model.moe_layer_freq)."""
     if not m.num_experts:
         return [0] * m.num_layers
     freq = m.moe_layer_freq
