@@ -30,12 +30,39 @@ def device_memory(c: ClusterConfig) -> tuple[Optional[int], str]:
         return int(c.gpu_memory_gb * GIB), f"cluster.gpu_memory_gb={c.gpu_memory_gb:g}"
     if c.device == "cpu":
         return None, "cluster.device=cpu"
-    import torch  # lazily: validation imports no torch otherwise; only a machine with CUDA answers
-
-    if not torch.cuda.is_available():
+    found = nvml_memory()
+    if found is None:
         return None, "no CUDA device on this machine: set cluster.gpu_memory_gb (GiB) for a verdict"
-    props = torch.cuda.get_device_properties(0)
-    return props.total_memory, f"{props.name}, this machine's GPU 0"
+    return found[0], f"{found[1]}, this machine's first GPU"
+
+
+def nvml_memory() -> Optional[tuple[int, str]]:
+    """(total bytes, name) of the first visible GPU, from the driver (NVML: no CUDA context, so validation and the
+    plan start nothing on the device); torch's view where NVML is not installed; None without a GPU."""
+    import os
+
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    try:
+        import pynvml  # nvidia-ml-py, which torch's CUDA builds bring
+    except ImportError:
+        import torch  # lazily: validation imports no torch otherwise
+
+        if not torch.cuda.is_available():
+            return None
+        props = torch.cuda.get_device_properties(0)
+        return props.total_memory, props.name
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:  # no driver: no GPU here
+        return None
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(int(first) if first.isdigit() else 0)
+        name = pynvml.nvmlDeviceGetName(handle)
+        return pynvml.nvmlDeviceGetMemoryInfo(handle).total, name.decode() if isinstance(name, bytes) else name
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def model_dims(m: ModelConfig) -> ModelConfig:

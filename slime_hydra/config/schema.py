@@ -398,7 +398,7 @@ class ClusterConfig:
     rollout_num_gpus: Optional[int] = None  # None: the actor's GPUs (colocate); required when not colocated
     rollout_num_gpus_per_engine: int = 1
     colocate: bool = True
-    # slime: None means "offload when colocated". offload_train: while the engines generate, the trainer's parameters,
+    # slime: None means "offload when colocated" (offload_train: and train_mode=sync). offload_train: while the engines generate, the trainer's parameters,
     # gradients and optimizer state (reference model and critic too) wait in host memory (training/offload.py), and the
     # engines start with the trainer released. offload_rollout: SGLang engines release their KV cache and CUDA graphs
     # while the trainer trains and syncs (their weights stay). docs/memory.md

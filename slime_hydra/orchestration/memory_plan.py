@@ -14,10 +14,11 @@ A colocated GPU goes through two phases every rollout; its peak is the larger:
             released it) + the engine's pool,
   train:    the trainer's peak, or its state and the weights staged for a sync (the larger) + what the engine keeps:
             its pool, or only its weights with offload_rollout (which releases KV cache and CUDA graphs).
-Worked example, Qwen3-4B on one 139.8 GiB GPU (megatron, the trainer's peak 79.1 GiB and built state 37.5 GiB,
-mem_fraction_static=0.7, engine weights 7.5 GiB): without offload F = 139.8 - 1.0 - 37.5 = 101.3, the pool 70.9, and
-training needs 1.0 + 79.1 + 70.9 = 151.0 GiB: it does not fit. With both offloads F = 138.8, the pool 97.2; generating
-takes 1.0 + 97.2 = 98.2 and training 1.0 + 79.1 + 7.5 = 87.6: it fits, only with offload.
+Worked example (docs/memory.md): Qwen3-4B on one 140 GiB GPU, megatron at 4096 tokens per micro-batch (the trainer's
+peak 90.99 GiB, built 37.46, state 67.43, 3.34 staged for the engine between syncs), one SGLang engine (weights 7.49)
+at mem_fraction_static=0.5. Without offload F = 140 - 1 - 37.46 = 101.54, the pool 50.77, and generating takes
+1 + 90.99 + 3.34 + 50.77 = 146.1 GiB: it does not fit. With both offloads F = 139.0, the pool 69.50; generating takes
+1 + 69.50 = 70.5 and training 1 + 90.99 + 7.49 = 99.5: it fits, only with offload (at 0.3 it fits without: 125.8).
 The local engine (rollout.backend=local) runs in the trainer's process: its weights always, and one generation
 batch's KV cache (rollout.generation_batch_size × the longest sample) while it generates.
 Left out: the engines' own activations (inside what SGLang leaves free), allocator fragmentation, NCCL buffers.

@@ -1,52 +1,52 @@
-"""Per-GPU memory of a run, worked out from its config before anything starts (`slime-hydra plan`, validation).
+"""A train rank's GPU memory, worked out from the config: parameters, state, activations, the log-prob pass.
 
-Every figure is bytes on one GPU. Each formula is derived below term by term, with the Qwen3-4B shape on one GPU
-(megatron, bf16, TP=PP=DP=1, train.max_tokens_per_gpu=8196) as the example; docs/memory.md has the method and
-tests/orchestration/test_memory_plan.py the layouts worked out by hand.
+Every figure is bytes on one rank (the most loaded pipeline stage). Worked example throughout: Qwen3-4B on one GPU,
+megatron, bf16, train.megatron.grad_reduce_in_fp32=false, compile_layers and compile_log_probs, micro-batches of
+4 × 2049 = 8196 tokens (the H200 benchmark of docs/gpu_results.md, which measured a 98.2 GiB peak).
 
-Train, per rank (the most loaded pipeline stage):
-- parameters P: TP splits the linear layers and the (padded) vocabulary, PP the layers (embedding on the first stage,
-  output layer on the last), EP the experts; norms stay whole. Qwen3-4B: P = 4,022,468,096.
-- state, megatron: weights in model.dtype (bf16: 2 bytes), the DDP gradient buffer (4 bytes with
-  train.megatron.grad_reduce_in_fp32, else 2), fp32 main parameters (4, none for an fp32 model) and Adam's two fp32
-  moments (8). With parallelism.use_distributed_optimizer the last two are split over the data-parallel ranks.
-  4B: 2 + 4 + 4 + 8 = 18 bytes × P = 72.4 GB (67.4 GiB). torch: weights, gradients and both AdamW moments in the
-  weights' dtype (bf16: 8 bytes), nothing split. A reference model (algorithm.use_kl_loss, kl_coef) adds its weights;
-  a critic (ppo) its own weights, gradients and optimizer on the policy's body.
-- activations of one micro-batch of S tokens (train.max_tokens_per_gpu, else micro_batch_size × the longest sample),
-  per layer and token, from what megatron's local layers keep for the backward pass (a = bytes of model.dtype, t = TP,
-  h hidden, f ffn, n heads, g query groups, d head dim):
-    the two norms' inputs and outputs (the outputs are the next linear's input)      4a·h + 2·4 (fp32 1/rms)
-    the fused qkv output (the q/k norms and SDPA keep views of it)                  a·(n + 2g)·d / t
-    q and k after the rotary embedding, the attention output and its reshaped copy  a·(n + g)·d / t + 2a·n·d / t
-    the softmax log-sum-exp and the q/k norms' 1/rms                                4·(2n + g) / t
-    the fc1 output (gate and up), silu(gate), the fc2 input                         2a·f / t + a·f / t + a·f / t
-  4B: 20,480 + 30,720 + 8,192... in all 137,512 bytes per token and layer; with train.megatron.compile_layers
-  Inductor recomputes silu(gate) in the backward pass (a·f / t less: 118,056). Full recompute keeps each
-  checkpointed block's input (a·h) and one block's activations; selective core_attn drops the attention output and
-  log-sum-exp. The torch trainer (Hugging Face modules) also keeps fp32 copies in its RMSNorms: 4·(2h + (n + g)·d).
-- the log-prob pass on the last stage: the final norm (2a·h per token), the logits and their gradient in model.dtype
-  (2a·V/t per token), and the fp32 temporaries of one chunk of train.megatron.log_probs_chunk_size tokens (compiled
-  kernels: one [chunk, V/t] fp32 tensor; eager: four). The torch trainer materialises fp32 log-softmax over
-  [S, V]: its bf16 logits, the fp32 upcast, scaled copy, log-softmax and its gradient: (a + 16)·V per token.
-- peak = state + activations + log-prob pass (+ one fp32 copy of the optimizer's share with adam_impl=foreach).
-  4B at 8196 tokens, compiled layers and log-probs, bf16 gradients: 59.9 + 32.4 + 2.4 + 2.3 + 0.6 = 97.7 GiB; the
-  H200 measured 98.2 (docs/gpu_results.md); 0.6B at 16,392 tokens: 39.9 planned, 39.8 measured.
+Parameters P: TP splits the linear layers and megatron's padded vocabulary (a multiple of 128 × TP), PP the layers
+(the embedding on the first stage, the output layer on the last, and with tied embeddings and PP > 1 a copy there
+too), EP the routed experts; norms and routers stay whole. 4B: 36 layers × 100,930,816 + 151,936 × 2,560 (tied) +
+2,560 = 4,022,468,096.
 
-Rollout, SGLang (0.5.2x): an engine measures the free memory F of its GPU before it loads the weights and keeps
-mem_fraction_static × F for weights, KV cache and CUDA graphs (the KV pool is what is left after the weights, and is
-cut again after graph capture so that (1 - mem_fraction_static) × F stays free). F is the GPU's memory less the
-CUDA contexts and whatever the trainer holds when the engines start: with cluster.offload_train the trainer is
-released first, otherwise it holds its built state (weights, gradient buffer, main parameters; Adam's moments come
-at the first step). KV per token: 2 (k, v) × layers × max(g / engine TP, 1) × d × a.
+State, megatron: weights in model.dtype (a = 2 bytes for bf16), the DDP gradient buffer (4 bytes with
+grad_reduce_in_fp32, else a), fp32 main parameters (4; none for an fp32 model) and Adam's two fp32 moments (8); the
+distributed optimizer splits the last two over the data-parallel ranks (expert parameters over the expert
+data-parallel ranks). 4B: (2 + 2 + 4 + 8) × P = 64,359,489,536 B = 59.94 GiB. torch: weights, gradients and both
+AdamW moments in the weights' dtype (4a), on every rank. A reference model (algorithm.use_kl_loss or kl_coef) adds its
+weights; a critic (ppo) its own state on the policy's body with a value head. `built` (before the first step, when
+the engines start): megatron's weights, gradient buffer and main parameters (Adam's moments come at the first
+step); torch's weights.
 
-The colocated GPU in three phases (each also carries one CUDA context per process, CONTEXT_GIB):
-  generate: the trainer (its whole reserved peak, or nothing with offload_train) + the engine's pool;
-  train:    the trainer's peak + the engine's pool (only its weights with offload_rollout, which releases the KV cache
-            and CUDA graphs: rollout/sglang/backend.py);
-  sync:     the trainer's state and the weights staged for the engines + one bucket + what the engine holds.
-Left out: the engines' own activations (inside the (1 - mem_fraction_static) × F SGLang leaves), allocator
-fragmentation, NCCL buffers; MLA attention is counted as the standard attention of the same heads.
+Activations of one micro-batch of S tokens (train.max_tokens_per_gpu with dynamic batching, else micro_batch_size ×
+the longest sample; / CP), per layer and token, as megatron's local layers keep them for the backward pass
+(h hidden, f ffn, n heads, g query groups, d head dim, t TP; 4B values):
+  the two RMSNorms' inputs and outputs (each output is the next linear's input), 1/rms    4a·h + 8        20,488
+  the fused qkv output (the q/k norms and SDPA keep views of it)                          a·(n + 2g)·d/t  12,288
+  q and k after the rotary embedding                                                      a·(n + g)·d/t   10,240
+  the attention output and its reshaped copy (the output projection's input)              2a·n·d/t        16,384
+  SDPA's log-sum-exp and the q/k norms' 1/rms (fp32)                                      4·(2n + g)/t       288
+  fc1's output (gate and up), silu(gate), fc2's input                                     4a·f/t          77,824
+In all 137,512 bytes; train.megatron.compile_layers: Inductor recomputes silu(gate) in the backward pass (a·f/t less):
+118,056. 4B: 36 × 8196 × 118,056 = 34,833,131,136 B = 32.44 GiB. Full recompute keeps each block's input (a·h) and
+one block's activations; selective recompute of core_attn drops the attention output and log-sum-exp, of mlp the
+MLP's. With PP the first stage holds PP micro-batches at once (1F1B). A routed MoE token keeps its top-k experts'
+MLPs, its dispatched copies in and out and the router's fp32 logits. The torch trainer's Hugging Face RMSNorms also
+keep fp32 copies: 4·(2h + (n + g)·d/t) more.
+
+The log-prob pass on the last stage: the final norm (2a·h per token), the logits and their gradient in model.dtype
+(2a·V/t per token, V padded), and the fp32 temporaries of one chunk of train.megatron.log_probs_chunk_size tokens (one
+[chunk, V/t] tensor with compile_log_probs, four eager). 4B: 8196 × 617,984 + 4 × 1024 × 151,936 = 5.30 GiB. The torch
+trainer takes fp32 log-softmax over all of [S, V]: bf16 logits, the fp32 upcast, its scaled copy, log-softmax and its
+gradient, (a + 16)·V per token. A forward-only pass (old or reference log-probs, values) at
+train.log_probs_max_tokens_per_gpu keeps half of it (no gradient).
+
+Peak = state + the larger of (PP micro-batches in flight, one micro-batch and the log-prob pass, a forward-only pass)
+(+ one fp32 copy of the optimizer's share with train.adam_impl=foreach). 4B: 59.94 + 32.44 + 5.30 = 97.68 GiB against
+98.2 measured; the 0.6B shape at 16,392 tokens: 39.88 planned, 39.8 measured; the 4B at 4098 tokens: 79.10, 79.5.
+Staging: the engines' copy of the weights the ranks keep between syncs (megatron: TP-gathered Hugging Face tensors
+with TP > 1, the gate and up halves cut out of fc1 with TP = 1; the torch trainer's are its parameters).
+Left out: allocator fragmentation, NCCL buffers, MLA counted as the standard attention of its heads.
 """
 
 from __future__ import annotations

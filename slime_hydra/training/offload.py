@@ -31,7 +31,7 @@ def module_tensors(module: torch.nn.Module) -> Iterator[torch.Tensor]:
         for g in (p.grad, getattr(p, "main_grad", None)):
             if isinstance(g, torch.Tensor):
                 yield g
-    yield from module.buffers()
+    yield from torch.nn.Module.buffers(module)  # by the class: megatron's DDP has a `buffers` list of its own
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
@@ -69,8 +69,8 @@ class HostOffload:
         cuda = False
         for t in tensors:
             storage = t.untyped_storage()
-            if storage.nbytes() == 0 or storage.data_ptr() in seen:
-                continue
+            if storage.nbytes() == 0 or storage.data_ptr() in seen or not storage.resizable():
+                continue  # empty, moved already, or not torch's to free (a tensor over a memory-mapped file, on the CPU)
             seen.add(storage.data_ptr())
             cuda |= storage.device.type == "cuda"
             host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=storage.device.type == "cuda")
