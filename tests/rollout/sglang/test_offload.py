@@ -23,7 +23,7 @@ def test_engines_start_and_generate_beside_a_released_trainer(tmp_path):
     try:
         assert (c.trainer.offload.releases, c.trainer.offload.resumes) == (1, 1)  # around the engines' start
         history = loop.run(loop_settings(cfg), c, str(tmp_path / "ckpt"))
-        kept = dict(c.rollout._last_weights)
+        kept = dict(c.rollout._last_weights.tensors)
     finally:
         c.rollout.shutdown()
     # then two rollouts and the evals before and after them: four more
