@@ -179,7 +179,8 @@ def throughput(args, out: Path) -> dict:
         free = (lambda: torch.cuda.mem_get_info()[0]) if cuda else (lambda: 0)  # noqa: E731
         free0 = free()
         t = time.perf_counter()
-        rollout.release_memory()  # skipped on CPU (the server does not support it there)
+        # every tag, the weights too (cluster.offload_rollout keeps them); skipped on CPU (the server does not support it)
+        rollout.release_memory(tags=("kv_cache", "weights", "cuda_graph"))
         t_rel = time.perf_counter() - t
         free1 = free()
         t = time.perf_counter()

@@ -182,6 +182,16 @@ class TrainBackend(Protocol):
         """The inverse of save_checkpoint (a no-op where that is one)."""
         ...
 
+    def release_memory(self) -> dict[str, float]:
+        """cluster.offload_train, while the engines generate: the trainer's weights, gradients, optimizer state,
+        reference and critic wait in host memory (training/offload.py) until resume_memory; no other method is called
+        in between. -> figures (`perf/offload_gib`: bytes moved, one rank's)."""
+        ...
+
+    def resume_memory(self) -> None:
+        """Everything release_memory moved is back, bit for bit."""
+        ...
+
 
 class Tracker(Protocol):
     @property

@@ -7,6 +7,7 @@ resume that restores every piece of state the loop reads.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Optional
 
 import torch
@@ -18,6 +19,7 @@ from slime_hydra.app.inputs import assemble, build_source, make_tracker, prepare
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.data.rollout_dump import ReplayBuffer
 from slime_hydra.engine.components import Components, restore
+from slime_hydra.engine.offload import trainer_released
 from slime_hydra.models.build import build_model
 from slime_hydra.protocols import RolloutBackend, TrainBackend
 from slime_hydra.rollout.local import LocalRollout
@@ -40,15 +42,20 @@ def build_trainer(cfg: RunConfig, s: AlgorithmSpecs, model: torch.nn.Module, dev
                              model_impl=cfg.model.model_impl)
 
 
-def build_rollout(cfg: RunConfig, model: torch.nn.Module, tokenizer, output_dir: str = ".") -> RolloutBackend:
+def build_rollout(cfg: RunConfig, model: torch.nn.Module, tokenizer, output_dir: str = ".",
+                  trainer: Optional[TrainBackend] = None) -> RolloutBackend:
+    """trainer: released while SGLang engines start, with cluster.offload_train (each engine then sizes its KV cache on a
+    GPU the trainer does not hold: docs/memory.md)."""
     if cfg.rollout.backend == "sglang":
         from slime_hydra.rollout.sglang.backend import SGLangRollout  # its client and weight-sync stack: sglang runs only
 
         c = cfg.cluster
         offload = c.offload_rollout if c.offload_rollout is not None else c.colocate
+        released = bool(c.offload_train) and trainer is not None
         return SGLangRollout(cfg.rollout, model, tokenizer, num_engines=num_engines(c), tp_size=c.rollout_num_gpus_per_engine,
                              seed=cfg.seed, dtype=cfg.model.dtype, output_dir=output_dir, colocate=c.colocate,
-                             offload=offload, device=pick_device(c.device).type)
+                             offload=offload, device=pick_device(c.device).type, keep_on_host=released,
+                             starting=partial(trainer_released, trainer, released))
     return LocalRollout(model, tokenizer, seed=cfg.seed, generation_batch_size=cfg.rollout.generation_batch_size,
                         model_impl=cfg.model.model_impl)
 
@@ -63,7 +70,10 @@ def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) 
     dump = open_replay(cfg, inputs.tokenizer, inputs.state)  # load_debug_rollout_data: checked before any model is built
     source = build_source(cfg, inputs.tokenizer, inputs.train_prompts)  # streaming: its workers read while the model builds
     device = pick_device(cfg.cluster.device)
-    model = build_model(inputs.model, inputs.tokenizer, cfg.seed).to(device)
+    # on the device only where it runs there (the torch trainer's own model, the local engine's copy): megatron copies
+    # it into its own tensors, and SGLang engines load it from disk
+    on_device = cfg.train.backend == "torch" or cfg.rollout.backend == "local"
+    model = build_model(inputs.model, inputs.tokenizer, cfg.seed).to(device if on_device else torch.device("cpu"))
     specs = run_specs(cfg)  # names turned into the trainer's and the advantage step's callables
     if cfg.debug_rollout_only:  # slime's --debug-rollout-only: generate, score and dump; nothing trains
         trainer: TrainBackend = NoTrain()
@@ -77,7 +87,7 @@ def build(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = None) 
         rollout: RolloutBackend = ReplayRollout(dump)
         buffer = ReplayBuffer(dump, source, start)
     else:
-        rollout = build_rollout(cfg, model, inputs.tokenizer, output_dir)
+        rollout = build_rollout(cfg, model, inputs.tokenizer, output_dir, trainer)
         rollout = NoWeightSync(rollout) if cfg.debug_rollout_only else rollout
     comps = assemble(cfg, inputs, source, trainer, rollout, tracker, specs.advantage, output_dir, buffer)
     if inputs.state is not None:

@@ -21,6 +21,7 @@ from slime_hydra.app.inputs import assemble, build_source, make_tracker, prepare
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.engine.checkpoint import resume_hint
 from slime_hydra.engine.components import Components, restore
+from slime_hydra.engine.offload import trainer_released
 from slime_hydra.protocols import PromptSource, RolloutBackend
 from slime_hydra.training.specs import AlgorithmSpecs
 
@@ -99,8 +100,10 @@ def sglang_rollout(cfg: RunConfig, pg, layout, trainer, tokenizer, calls, output
 
     c = cfg.cluster
     offload = c.offload_rollout if c.offload_rollout is not None else c.colocate
+    released = bool(c.offload_train)  # the engines start beside a released trainer (docs/memory.md)
     return RaySGLangRollout(cfg.rollout, SaveThroughRank0(trainer, tokenizer), tokenizer, num_engines=len(layout.engine_bundles),
                             tp_size=c.rollout_num_gpus_per_engine, seed=cfg.seed, dtype=cfg.model.dtype,
                             output_dir=output_dir, colocate=c.colocate, offload=offload,
                             device="cuda" if layout.use_gpu else "cpu", launcher=RayLauncher(pg, layout, calls),
-                            on_shutdown=on_shutdown)
+                            on_shutdown=on_shutdown, starting=functools.partial(trainer_released, trainer, released),
+                            keep_on_host=released)

@@ -5,19 +5,23 @@ the groups they read: the estimator's (algorithms/checks.py, from its row of the
 (models/checks.py), each trainer's (training/checks.py, training/megatron/checks.py), each rollout engine's
 (rollout/sglang/checks.py), each cluster backend's (orchestration/checks.py), the generate hook's and the
 rewards'. This is the one place that knows which components a run uses. Nothing here imports a backend
-(megatron, sglang, ray); every problem is collected, so the user sees them all at once.
+(megatron, sglang, ray; the memory plan, app/memory.py, asks the GPU driver for the device's memory where
+cluster.gpu_memory_gb is unset); every problem is collected, so the user sees them all at once.
 """
 
 from __future__ import annotations
 
 from slime_hydra.agent.hook import check_generate
 from slime_hydra.algorithms import checks as estimator_checks
+from slime_hydra.app import memory
 from slime_hydra.app.derive import derive
 from slime_hydra.config import checks as config_checks
 from slime_hydra.config.datafiles import eval_datasets
 from slime_hydra.config.schema import RunConfig
+from slime_hydra.errors import Missing
 from slime_hydra.models import checks as model_checks
 from slime_hydra.orchestration import checks as cluster_checks
+from slime_hydra.orchestration.checks import NOT_YET
 from slime_hydra.rewards import checks as reward_checks
 from slime_hydra.rollout.sglang import checks as sglang_checks
 from slime_hydra.training import checks as torch_checks
@@ -46,6 +50,12 @@ def check(given: RunConfig) -> tuple[RunConfig, list[str], list[str]]:
     more, more_notes = cluster_checks.check(cfg.cluster, cfg.rollout.backend, cfg.train, cfg.parallelism)
     problems, notes = problems + more, notes + more_notes
     problems += cluster_checks.check_ray_sglang(cfg.cluster, cfg.train.backend, cfg.rollout, cfg.parallelism)
+    problems += memory.offload_problems(cfg)
+    # the memory plan reads a consistent config (batch identity, layout): only paths absent here or a pairing the Ray
+    # engine does not drive yet may be pending
+    if all(isinstance(p, Missing) or p.startswith(NOT_YET) for p in problems):
+        more, more_notes = memory.check(cfg)
+        problems, notes = problems + more, notes + more_notes
     return cfg, problems, notes
 
 

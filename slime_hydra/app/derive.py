@@ -13,7 +13,7 @@ run a model, the ranks a step's batch splits over); the rules, slime's where it 
   prompts dropped later by data.rollout_max_prompt_len or data.on_bad_row=skip still count);
 - rollout.over_sampling_batch_size, when unset: rollout.rollout_batch_size;
 - cluster.rollout_num_gpus, when unset and colocated: the actor's GPUs; cluster.offload_train / offload_rollout,
-  when unset: cluster.colocate;
+  when unset: cluster.colocate (offload_train: and train_mode=sync);
 - debug_train_only: on when load_debug_rollout_data is set (a replay has no engine);
 - turned off, with a note: algorithm.grpo_std_normalization with one sample per prompt (a group of one has no std),
   train.skip_zero_advantage_samples when a KL, entropy or custom loss term reads every sample, and
@@ -47,7 +47,7 @@ def derive(cfg: RunConfig) -> tuple[RunConfig, list[str]]:
     return dataclasses.replace(
         cfg, model=dataclasses.replace(cfg.model, model_impl=model_impl), algorithm=algorithm, train=train,
         rollout=dataclasses.replace(r, over_sampling_batch_size=pick(r.over_sampling_batch_size, r.rollout_batch_size)),
-        cluster=derive_cluster(cfg.cluster), num_rollout=num_rollout,
+        cluster=derive_cluster(cfg.cluster, cfg.train_mode == "async"), num_rollout=num_rollout,
         debug_train_only=cfg.debug_train_only or bool(cfg.load_debug_rollout_data)), notes
 
 
@@ -119,8 +119,9 @@ def derive_num_rollout(cfg: RunConfig, notes: list[str]) -> Optional[int]:
     return num_rollout
 
 
-def derive_cluster(c: ClusterConfig) -> ClusterConfig:
+def derive_cluster(c: ClusterConfig, train_async: bool) -> ClusterConfig:
     actor = c.actor_num_nodes * c.actor_num_gpus_per_node
     return dataclasses.replace(
         c, rollout_num_gpus=actor if c.rollout_num_gpus is None and c.colocate else c.rollout_num_gpus,
-        offload_train=pick(c.offload_train, c.colocate), offload_rollout=pick(c.offload_rollout, c.colocate))
+        # offload_train: never by default under train_mode=async, which trains while the engines generate
+        offload_train=pick(c.offload_train, c.colocate and not train_async), offload_rollout=pick(c.offload_rollout, c.colocate))

@@ -8,7 +8,8 @@ parallel.py); the weight-sync mode is the engines' (rollout/sglang/checks.weight
 plan adds is only the printing. Two kinds of problem do not stop it: paths absent on this machine (a
 recipe's checkpoint and data on the cluster it is for; errors.Missing), listed under "missing:", and
 what the Ray engine does not drive yet (orchestration/checks.NOT_YET, refused at validation), listed
-under "not runnable yet:". Every other
+under "not runnable yet:", and a layout over the GPU's memory (app/memory.py, refused at validation), listed under
+"does not fit:" below the memory table. Every other
 problem exits 2 with the usual message, as a run would.
 
 Node and GPU numbers assume identical nodes of `gpus_per_node` GPUs (`--gpus-per-node`; by default
@@ -24,6 +25,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Optional
 
+from slime_hydra.app import memory
 from slime_hydra.app.preflight import check_composed
 from slime_hydra.config.compose import Composer, check_overrides
 from slime_hydra.config.schema import RunConfig
@@ -40,7 +42,8 @@ USAGE = ("usage: slime-hydra plan [group=option ...] [key=value ...] [--gpus-per
 
 
 def compose_for_plan(overrides: list[str], config_name: str = "config") -> tuple[RunConfig, list[Missing], list[str]]:
-    """(the checked config, paths missing here, pairings not driven yet); raises ConfigError for anything else."""
+    """(the checked config, paths missing here, what a run refuses that the plan shows: pairings not driven yet and the
+    memory plan's verdict); raises ConfigError for anything else."""
     with Composer(config_name) as composer:
         composed, problems = check_overrides(composer, overrides)
     if composed is None or problems:
@@ -49,7 +52,7 @@ def compose_for_plan(overrides: list[str], config_name: str = "config") -> tuple
     if cfg is None:
         raise ConfigError(problems)
     missing = [p for p in problems if isinstance(p, Missing)]
-    not_yet = [p for p in problems if not isinstance(p, Missing) and p.startswith(NOT_YET)]
+    not_yet = [p for p in problems if not isinstance(p, Missing) and p.startswith((NOT_YET, memory.REFUSED))]  # listed
     if other := [p for p in problems if p not in missing and p not in not_yet]:
         raise ConfigError(other)
     return cfg, missing, not_yet
@@ -61,12 +64,14 @@ def plan_text(overrides: list[str], config_name: str = "config", gpus_per_node: 
     nodes = Nodes.of(cfg, gpus_per_node)
     what = " ".join(overrides) or "the default config"
     lines = [f"plan of {what} (nothing started: no Ray, no model, no data read)"]
-    lines += cluster_lines(cfg, nodes) + train_lines(cfg, nodes) + rollout_lines(cfg, nodes) + memory_lines(cfg) + sync_lines(cfg, nodes.layout)
+    lines += cluster_lines(cfg, nodes) + train_lines(cfg, nodes) + rollout_lines(cfg, nodes) + memory.table(cfg) + sync_lines(cfg, nodes.layout)
     if missing:
         lines += ["missing (on this machine; a run needs them where it runs):"]
         lines += [f"  {m.key}: {m.path}" for m in missing]
-    if not_yet:
-        lines += ["not runnable yet (a run stops with these before any actor starts, exit 2):"] + [f"  - {p}" for p in not_yet]
+    if later := [p for p in not_yet if p.startswith(NOT_YET)]:
+        lines += ["not runnable yet (a run stops with these before any actor starts, exit 2):"] + [f"  - {p}" for p in later]
+    if over := [p for p in not_yet if p.startswith(memory.REFUSED)]:
+        lines += ["does not fit (a run stops with these before anything starts, exit 2):"] + [f"  - {p}" for p in over]
     return "\n".join(lines)
 
 
@@ -185,26 +190,7 @@ def rollout_lines(cfg: RunConfig, nodes: Nodes) -> list[str]:
     return lines
 
 
-# -- memory and weight sync ----------------------------------------------------------------------
-def memory_lines(cfg: RunConfig) -> list[str]:
-    c, r = cfg.cluster, cfg.rollout
-    lines = ["memory:"]
-    if r.backend == "sglang":
-        mem = r.sglang.get("mem_fraction_static")
-        lines.append(f"  rollout.sglang.mem_fraction_static: {mem if mem is not None else 'unset (sglang picks by GPU size)'}")
-        if "enable_memory_saver" in r.sglang:
-            lines.append(f"  rollout.sglang.enable_memory_saver: {r.sglang['enable_memory_saver']}")
-        other = {k: v for k, v in r.sglang.items() if k not in ("mem_fraction_static", "enable_memory_saver")}
-        if other:
-            lines.append(f"  rollout.sglang (other server args): {other}")
-    lines.append(f"  cluster.offload_train: {str(c.offload_train).lower()} (read by no trainer yet: its memory stays resident)")
-    if r.backend == "sglang":
-        what = ("the engines release their memory (/release_memory_occupation) after each rollout and resume it before the "
-                "next (skipped on CPU)") if c.offload_rollout else "the engines keep their memory"
-        lines.append(f"  cluster.offload_rollout: {str(c.offload_rollout).lower()}: {what}")
-    return lines
-
-
+# -- weight sync ---------------------------------------------------------------------------------
 def sync_lines(cfg: RunConfig, layout: Layout) -> list[str]:
     c, r = cfg.cluster, cfg.rollout
     if cfg.debug_rollout_only or cfg.load_debug_rollout_data:

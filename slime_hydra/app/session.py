@@ -62,7 +62,8 @@ def loop_settings(cfg: RunConfig) -> loop.LoopSettings:
         async_rollout_timeout_s=cfg.async_rollout_timeout_s, update_weights_interval=cfg.update_weights_interval,
         eval_interval=e.eval_interval, skip_eval_before_train=e.skip_eval_before_train,
         save_eval_samples=e.save_eval_samples, save_interval=cfg.save_interval,
-        save_debug_rollout_data=cfg.save_debug_rollout_data, progress_bar=cfg.logger.progress_bar)
+        save_debug_rollout_data=cfg.save_debug_rollout_data, progress_bar=cfg.logger.progress_bar,
+        offload_train=bool(cfg.cluster.offload_train))
 
 
 def watchdog(cfg: RunConfig, c, out: Path, save_dir: str):

@@ -398,9 +398,17 @@ class ClusterConfig:
     rollout_num_gpus: Optional[int] = None  # None: the actor's GPUs (colocate); required when not colocated
     rollout_num_gpus_per_engine: int = 1
     colocate: bool = True
-    # slime: None means "offload when colocated"; read by the megatron/sglang backends (torch on CPU keeps both)
+    # slime: None means "offload when colocated" (offload_train: and train_mode=sync). offload_train: while the engines generate, the trainer's parameters,
+    # gradients and optimizer state (reference model and critic too) wait in host memory (training/offload.py), and the
+    # engines start with the trainer released. offload_rollout: SGLang engines release their KV cache and CUDA graphs
+    # while the trainer trains and syncs (their weights stay). docs/memory.md
     offload_train: Optional[bool] = None
     offload_rollout: Optional[bool] = None
+    # GiB (2**30 bytes, as torch and SGLang count; an "80 GB" card holds 79.6) of each GPU, for the memory plan that
+    # `slime-hydra plan` prints and validation checks (docs/memory.md). None: the first CUDA device of the machine
+    # validating the run, if it has one; otherwise the plan is printed without a verdict.
+    gpu_memory_gb: Optional[float] = None
+    allow_over_memory: bool = False  # run a layout the memory plan says does not fit (its problem becomes a warning)
     placement_timeout_s: float = 60.0  # how long to wait for the placement group before reporting it cannot fit
     # every wait of the driver (and of the rollout manager) on a Ray actor: a train step, a weight sync, a generate, a
     # checkpoint's state (orchestration/calls.py). Past it the run stops (exit 3) naming the step, the actor and the

@@ -17,6 +17,7 @@ from slime_hydra.engine import checkpoint as ckpt
 from slime_hydra.engine.collect import RolloutPlan, collect_rollout, weight_lag_metrics, write_rollout_data
 from slime_hydra.engine.components import Components, engine_state
 from slime_hydra.engine.feeds import AheadGenerator, RolloutFeed, SyncFeed
+from slime_hydra.engine.offload import trainer_released
 from slime_hydra.engine.report import Progress
 from slime_hydra.engine.steps import advantages, evaluate, rollout_metrics
 from slime_hydra.engine.warmstart import WarmStart, run_warm_start
@@ -40,6 +41,7 @@ class LoopSettings:
     save_interval: Optional[int]
     save_debug_rollout_data: Optional[str]
     progress_bar: bool
+    offload_train: bool = False  # cluster.offload_train: the trainer is released while the engines generate (engine/offload.py)
 
 
 def run(settings: LoopSettings, c: Components, save_dir: str) -> list[tuple[int, dict[str, float]]]:
@@ -51,7 +53,8 @@ def run(settings: LoopSettings, c: Components, save_dir: str) -> list[tuple[int,
     try:
         for rollout_id in range(s.start_rollout, settings.num_rollout):
             step, t0 = rollout_id + 1, time.perf_counter()
-            got = feed.next(rollout_id)  # generate, reward, dynamic sampling (async: waits for the one generated ahead)
+            with trainer_released(c.trainer, settings.offload_train) as offload:  # cluster.offload_train
+                got = feed.next(rollout_id)  # generate, reward, dynamic sampling (async: waits for the one generated ahead)
             samples, t1 = got.samples, time.perf_counter()
             batch = advantages(samples, c.advantage, n, pad, c.trainer)  # advantages
             t2 = time.perf_counter()
@@ -63,7 +66,7 @@ def run(settings: LoopSettings, c: Components, save_dir: str) -> list[tuple[int,
             metrics |= rollout_metrics(samples, n) | got.metrics | weight_lag_metrics(samples, rollout_id) | c.scorer.metrics()
             # the backend's figures (sync requests, retries), the step's timings, the feed's (async: wait, generation rate)
             metrics |= c.rollout.metrics() | perf_metrics(samples, t0, t1, t2, t3, t4) | feed.metrics(got, t1 - t0)
-            metrics |= c.source.metrics()  # streamed data: bad rows skipped so far (data.on_bad_row=skip)
+            metrics |= c.source.metrics() | offload  # streamed data: bad rows skipped so far; the trainer's release
             if settings.save_debug_rollout_data:
                 write_rollout_data(settings.save_debug_rollout_data, rollout_id, got, c.rollout_dump_meta)
             if due(step, settings.eval_interval, settings.num_rollout) and c.eval_sets:  # eval, on the latest weights
@@ -96,7 +99,7 @@ def open_feed(settings: LoopSettings, c: Components, save_dir: str) -> RolloutFe
 def prepare(settings: LoopSettings, c: Components) -> None:
     """Before the first rollout: warm start, reference snapshot, weight sync, eval at step 0."""
     if settings.warm_start is not None:
-        c.tracker.log_metrics(run_warm_start(settings.warm_start, c), 0)
+        c.tracker.log_metrics(run_warm_start(settings.warm_start, c, settings.offload_train), 0)
     c.trainer.freeze_reference()
     c.rollout.update_weights(c.trainer.named_weights(), version=0)
     if c.eval_sets and not settings.skip_eval_before_train:
@@ -107,7 +110,8 @@ def prepare(settings: LoopSettings, c: Components) -> None:
 
 def run_eval(settings: LoopSettings, c: Components, step: int) -> dict[str, float]:
     sample_dir = Path(c.output_dir) / "eval" if settings.save_eval_samples else None
-    metrics, files = evaluate(c.rollout, c.eval_sets, step, sample_dir)
+    with trainer_released(c.trainer, settings.offload_train):
+        metrics, files = evaluate(c.rollout, c.eval_sets, step, sample_dir)
     for f in files:
         c.tracker.log_artifact(str(f), f"eval/{f.parent.name}")
     return metrics

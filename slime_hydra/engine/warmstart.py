@@ -17,6 +17,7 @@ import torch
 
 from slime_hydra.data.dataset import Prompt
 from slime_hydra.engine.components import Components
+from slime_hydra.engine.offload import trainer_released
 from slime_hydra.engine.steps import EvalSet, evaluate
 from slime_hydra.protocols import RolloutBackend, Scorer, TrainBackend
 from slime_hydra.training.batch import collate
@@ -81,25 +82,26 @@ def warm_start(trainer: TrainBackend, prompts: list[Prompt], tokenizer, steps: i
 
 
 def accuracy_check(trainer: TrainBackend, rollout: RolloutBackend, prompts: list[Prompt], scorer: Scorer,
-                   sampling: SamplingParams) -> Callable[[], float]:
+                   sampling: SamplingParams, offload_train: bool = False) -> Callable[[], float]:
     """A check for `warm_start`: the trainer's current weights, synced to the rollout, answer `prompts` greedily
-    (one sample each, `sampling` with top_k=1); the mean reward."""
+    (one sample each, `sampling` with top_k=1); the mean reward. offload_train: the trainer is released meanwhile."""
     eval_set = EvalSet(prompts, dataclasses.replace(sampling, top_k=1), 1, scorer)
 
     def check() -> float:
         rollout.update_weights(trainer.named_weights(), version=0)
-        return evaluate(rollout, {"warmstart": eval_set}, 0)[0]["eval/warmstart/accuracy"]
+        with trainer_released(trainer, offload_train):
+            return evaluate(rollout, {"warmstart": eval_set}, 0)[0]["eval/warmstart/accuracy"]
 
     return check
 
 
-def run_warm_start(w: WarmStart, c: Components) -> dict[str, float]:
-    """The engine's warm start: its metrics at step 0."""
+def run_warm_start(w: WarmStart, c: Components, offload_train: bool = False) -> dict[str, float]:
+    """The engine's warm start: its metrics at step 0 (offload_train: the trainer released while its checks generate)."""
     t0 = time.perf_counter()
     check = None
     if w.target_train_accuracy is not None:
         prompts = random.Random(w.seed).sample(c.train_prompts, min(w.check_prompts, len(c.train_prompts)))
-        check = accuracy_check(c.trainer, c.rollout, prompts, c.scorer, c.sampling)
+        check = accuracy_check(c.trainer, c.rollout, prompts, c.scorer, c.sampling, offload_train)
     res = warm_start(c.trainer, c.train_prompts, c.tokenizer, w.steps, w.batch_size, w.lr, w.seed,
                      w.custom_sft_samples, check, w.check_interval, w.target_train_accuracy, w.min_steps)
     metrics = {"warmstart/sft_loss": res.losses[-1], "warmstart/steps": float(res.steps),

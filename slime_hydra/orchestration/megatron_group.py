@@ -169,6 +169,13 @@ class MegatronTrainGroup:
     def load_checkpoint(self, path: str) -> None:
         self._all("resume (megatron load)", "load_checkpoint", path)
 
+    def release_memory(self) -> dict[str, float]:
+        """Every rank's (each holds its own shards); rank 0's figures."""
+        return self.calls.get([r.release_memory.remote() for r in self.ranks], "releasing the trainer's memory", self.labels)[0]
+
+    def resume_memory(self) -> None:
+        self.calls.get([r.resume_memory.remote() for r in self.ranks], "restoring the trainer's memory", self.labels)
+
     def register_stacks(self, directory: str) -> list[ActorProcess]:
         """Each rank dumps its stacks to `directory` on SIGUSR2 (orchestration/stacks.py: the stall watchdog)."""
         return self.calls.get([r.register_stacks.remote(directory) for r in self.ranks], "registering stack dumps", self.labels)

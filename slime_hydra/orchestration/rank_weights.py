@@ -80,6 +80,17 @@ class RankStage:
     def check_weights(self, url: str, dtype: str, timeout: float) -> int:
         return W.check_equal(url, self._staged, dtype, timeout)
 
+    def release_memory(self) -> dict[str, float]:
+        """cluster.offload_train: the trainer's tensors to the host (TrainBackend.release_memory), and the staged weights
+        with them, as host copies (a restarted engine is resynced from these while the trainer is released; the next
+        sync stages afresh)."""
+        self._staged = tuple((name, t.detach().to("cpu", copy=True)) for name, t in self._staged)
+        self._buckets, self._kept = None, {}
+        return self.trainer.release_memory()
+
+    def resume_memory(self) -> None:
+        self.trainer.resume_memory()
+
     def staged_weights(self) -> list[tuple[str, torch.Tensor]]:
         """The staged tensors, on the CPU (not a collective): what a snapshot's reader iterates."""
         return [(name, t.detach().cpu()) for name, t in self._staged]
@@ -172,6 +183,10 @@ class RankWeights:
     def check_equal(self, engine: int, url: str, dtype: str, timeout: float) -> int:
         r = self.engine_ranks[engine][0] if self.engine_ranks is not None else self.feeders[engine]
         return self.calls.get(self.ranks[r].check_weights.remote(url, dtype, timeout), "check_weight_update_equal", [f"rank {r}"])
+
+    def to_host(self) -> "RankWeights":
+        """Itself: the ranks move their staged tensors to the host when they release (RankStage.release_memory)."""
+        return self
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         return iter(self._in_object_store())

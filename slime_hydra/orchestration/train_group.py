@@ -50,9 +50,12 @@ IDENTICAL_ON_RANKS = ("train/grad_norm", "train/lr", "train/value_grad_norm")  #
 
 
 def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """Each rank's step metrics are its share of the step's (denominators are global): they add up."""
+    """Each rank's step metrics are its share of the step's (denominators are global): they add up. A rank's own GPU's
+    figures (perf/: its memory) are per GPU: the largest."""
     keys = dict.fromkeys(k for m in per_rank for k in m)  # a rank whose samples were all skipped has no loss keys
-    return {k: per_rank[0][k] if k in IDENTICAL_ON_RANKS else sum(m.get(k, 0.0) for m in per_rank) for k in keys}
+    return {k: per_rank[0][k] if k in IDENTICAL_ON_RANKS else
+            max(m.get(k, 0.0) for m in per_rank) if k.startswith("perf/") else sum(m.get(k, 0.0) for m in per_rank)
+            for k in keys}
 
 
 class TrainRank(RankStage):
@@ -187,6 +190,13 @@ class TrainGroup:
 
     def load_checkpoint(self, path: str) -> None:
         """Nothing: see save_checkpoint."""
+
+    def release_memory(self) -> dict[str, float]:
+        return merge_metrics(self.calls.get([r.release_memory.remote() for r in self.ranks], "releasing the trainer's memory",
+                                            self.labels))
+
+    def resume_memory(self) -> None:
+        self.calls.get([r.resume_memory.remote() for r in self.ranks], "restoring the trainer's memory", self.labels)
 
     def parameters(self, rank: int = 0) -> list[torch.Tensor]:
         return self.calls.get(self.ranks[rank].parameters.remote(), "parameters", [f"rank {rank}"])

@@ -50,3 +50,9 @@ class NoTrain:
 
     def load_checkpoint(self, path: str) -> None:
         pass
+
+    def release_memory(self) -> dict[str, float]:
+        return {}  # nothing held
+
+    def resume_memory(self) -> None:
+        pass

@@ -23,7 +23,9 @@ from slime_hydra.protocols import InProcessWeights, TrainBatch
 from slime_hydra.training.base import shaping_kl
 from slime_hydra.training.collectives import ONE_PROCESS, Collectives
 from slime_hydra.training.critic import TorchCritic, no_critic_in
+from slime_hydra.training.gpu_memory import device_used, release_figures, step_figures
 from slime_hydra.training.microbatch import micro_batch_indices
+from slime_hydra.training.offload import HostOffload, module_tensors, optimizer_tensors
 from slime_hydra.training.optim import adamw
 from slime_hydra.training.packed import packed_logits
 from slime_hydra.training.policy_loss import old_log_probs, policy_loss
@@ -56,6 +58,7 @@ class TorchTrainBackend:
         self._sft_optimizer: Optional[torch.optim.Optimizer] = None
         self.critic = TorchCritic(self.model, critic, batch, loss, device, collectives) if critic is not None else None
         self.schedule = RolloutSchedule.of(loss, batch, critic)
+        self.offload = HostOffload()  # cluster.offload_train: release_memory / resume_memory
 
     def freeze_reference(self) -> None:
         """After any warm start: snapshot the KL reference, and start the critic from the policy's body."""
@@ -122,7 +125,8 @@ class TorchTrainBackend:
     # -- RL ----------------------------------------------------------------------------------
     def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
         critic = None if self.critic is None else self.critic.train_rollout
-        return self.schedule.train(batch, self._train_step, self.compute_log_probs, critic, self.ref_model, self.model)
+        metrics = self.schedule.train(batch, self._train_step, self.compute_log_probs, critic, self.ref_model, self.model)
+        return metrics | step_figures(self.device)
 
     def _train_step(self, batch: TrainBatch, idx: torch.Tensor, old_all: Optional[torch.Tensor]) -> dict[str, float]:
         mode = self.loss.loss_aggregation
@@ -233,6 +237,18 @@ class TorchTrainBackend:
 
     def load_checkpoint(self, path: str) -> None:
         """Nothing to read: see save_checkpoint."""
+
+    # -- cluster.offload_train ---------------------------------------------------------------------
+    def release_memory(self) -> dict[str, float]:
+        held = [self.model, self.ref_model, self.critic.model if self.critic is not None else None]
+        optimizers = [self.optimizer, self._sft_optimizer, self.critic.optimizer if self.critic is not None else None]
+        tensors = [t for m in held if m is not None for t in module_tensors(m)]
+        tensors += [t for o in optimizers if o is not None for t in optimizer_tensors(o)]
+        used = device_used(self.device)
+        return release_figures(self.device, used, self.offload.release(tensors))
+
+    def resume_memory(self) -> None:
+        self.offload.resume()
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])

@@ -27,7 +27,9 @@ def test_derive_fills_values_worked_out_by_hand_into_a_new_config():
     assert out is not cfg and out.train is not cfg.train and out.algorithm is not cfg.algorithm
     t = out.train
     assert (t.global_batch_size, t.num_steps_per_rollout, t.micro_batch_size) == (16, 2, 8)
-    assert out.cluster.rollout_num_gpus == 2 and out.cluster.offload_train is True and out.cluster.offload_rollout is True
+    # colocated: the engines release their memory while the trainer trains; the trainer not while they generate, which
+    # under async is while it trains
+    assert out.cluster.rollout_num_gpus == 2 and out.cluster.offload_train is False and out.cluster.offload_rollout is True
     assert out.rollout.over_sampling_batch_size == 8  # null: the rollout batch
     assert out.algorithm.use_rollout_logprobs is True and out.algorithm.grpo_std_normalization is True
     assert out.model.model_impl == "native"  # auto: the tiny dense qwen3 runs natively
@@ -61,3 +63,15 @@ def test_a_value_that_cannot_be_derived_is_left_unset_for_the_checks_to_name():
     assert any("= 32 is not divisible by train.num_steps_per_rollout=3" in p for p in problems), problems
     _, problems, _ = check(given(["num_rollout=5", "num_epoch=2"]))
     assert any("num_rollout=5 and num_epoch=2 are both set" in p for p in problems), problems
+
+
+def test_offload_follows_colocation_and_the_train_mode():
+    """Unset: the trainer is released while colocated engines generate (slime's default) unless train_mode=async, which
+    trains while they generate; the engines release theirs whenever colocated; a value given is kept."""
+    derived = {mode: derive(given(["cluster.colocate=true", f"train_mode={mode}"]))[0].cluster for mode in ("sync", "async")}
+    assert (derived["sync"].offload_train, derived["sync"].offload_rollout) == (True, True)
+    assert (derived["async"].offload_train, derived["async"].offload_rollout) == (False, True)
+    apart = derive(given(["cluster.colocate=false", "cluster.rollout_num_gpus=1"]))[0].cluster
+    assert (apart.offload_train, apart.offload_rollout) == (False, False)
+    kept = derive(given(["cluster.colocate=true", "cluster.offload_train=false"]))[0].cluster
+    assert kept.offload_train is False

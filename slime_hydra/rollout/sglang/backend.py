@@ -9,18 +9,23 @@ the engines are synced at once (each engine's group has its own sender). With `u
 restarted by the health monitor and resynced (the last synced weights: the trainer's tensors, which
 do not change between a sync and the next train step, or the last checkpoint written for disk sync)
 before it serves; its in-flight requests fail, and are sent again through the router.
-Colocated memory release/resume wraps training where the device supports it (not on CPU).
+Colocated memory (`offload`: cluster.offload_rollout, GPUs only): the engines run with SGLang's memory saver and
+release their KV cache and CUDA graphs right after they start and after every generation, and resume them before the
+next; their weights stay, so a weight sync needs nothing resumed and a generation after a release nothing re-sent.
+`starting`: what the engines start inside (cluster.offload_train: the trainer released, so that each engine sizes
+its KV cache on a GPU the trainer does not hold: docs/memory.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional
+from typing import Callable, ContextManager, Optional
 
 import httpx
 import torch
@@ -32,10 +37,11 @@ from slime_hydra.rollout.sglang import sources as S
 from slime_hydra.rollout.sglang import weights as W
 from slime_hydra.rollout.sglang.checks import weight_sync_mode
 from slime_hydra.rollout.sglang.client import Generated, RouterClient
-from slime_hydra.rollout.sglang.engines import Engine, EngineGroup, Launcher, wait_routed
+from slime_hydra.rollout.sglang.engines import Engine, EngineGroup, Launcher, server_memory, wait_routed
 from slime_hydra.types import Sample, SamplingParams, Status
 
 log = logging.getLogger(__name__)
+RELEASED = ("kv_cache", "cuda_graph")  # what cluster.offload_rollout releases (SGLang's memory tags); the weights stay
 
 
 class SGLangRollout:
@@ -43,18 +49,24 @@ class SGLangRollout:
 
     def __init__(self, cfg: RolloutConfig, model: torch.nn.Module, tokenizer, *, num_engines: int, tp_size: int,
                  seed: int, dtype: str, output_dir: str, colocate: bool, offload: bool, device: str,
-                 launcher: Optional[Launcher] = None):
+                 launcher: Optional[Launcher] = None, starting: Callable[[], ContextManager] = contextlib.nullcontext,
+                 keep_on_host: bool = False):
         """model: what the engines start from (anything with HF `save_pretrained`: under Ray, train rank 0 saves it).
-        launcher: where the server processes run (engines.LocalLauncher, children of this process, unless given)."""
+        launcher: where the server processes run (engines.LocalLauncher, children of this process, unless given).
+        starting: a context the engines start inside (the module docstring). keep_on_host (cluster.offload_train): the
+        weights kept for a restarted engine's resync are host copies, not the trainer's tensors, which are released
+        while the engines generate."""
         self.cfg, self.tokenizer, self.tp_size, self.dtype = cfg, tokenizer, tp_size, dtype
         self.mode = weight_sync_mode(cfg.weight_sync, colocate)
         self.route = S.route_of(cfg.weight_sync, colocate)  # None: disk sync
-        self.device, self.offload = device, offload
+        self.device, self.offload, self.keep_on_host = device, offload, keep_on_host
         self.dir = Path(output_dir) / "sglang"
         self.init_dir = self.dir / "model_init"
         model.save_pretrained(self.init_dir, safe_serialization=True)  # what the engines load at start
         tokenizer.save_pretrained(self.init_dir)
         options = {"dtype": dtype, **cfg.sglang}
+        if offload and device != "cpu":  # SGLang releases nothing without its memory saver (slime sets it likewise)
+            options.setdefault("enable_memory_saver", True)
         self.group = EngineGroup(str(self.init_dir), num_engines, tp_size, seed, options, cfg.sglang_router_policy,
                                  dict(cfg.sglang_router), self.dir / "logs", cfg.sglang_server_start_timeout_s,
                                  dict(cfg.sglang_env), launcher)
@@ -66,16 +78,20 @@ class SGLangRollout:
         self._last_disk: Optional[Path] = None
         self._sync_lock = threading.Lock()
         self._aborted = False
-        self._released = False
+        self._released: tuple[str, ...] = ()  # the memory tags released now
         self._weights_lost = False  # released since the last sync: /resume_memory_occupation brings back memory, not weights
         self.sync_stats: dict[str, float] = {}  # the last sync's, until metrics() reports them
         self._stats_lock = threading.Lock()
         t0 = time.perf_counter()
-        self.group.start()
+        with starting():
+            self.group.start()
+            self.client = RouterClient(self.group.router_url, cfg.sglang_server_concurrency * num_engines,
+                                       cfg.sglang_request_timeout_s, cfg.sglang_max_retries, cfg.sglang_retry_backoff_s)
+            self._wait_router()
+            if self.offload:
+                self.release_memory()  # the engines hold their KV cache only while they generate
         self.start_time_s = time.perf_counter() - t0
-        self.client = RouterClient(self.group.router_url, cfg.sglang_server_concurrency * num_engines,
-                                   cfg.sglang_request_timeout_s, cfg.sglang_max_retries, cfg.sglang_retry_backoff_s)
-        self._wait_router()
+        self.engine_memory = server_memory(self.group.engines[0].url, 30.0)  # engine 0's; the others alike
         if cfg.use_fault_tolerance:
             self.group.start_monitor(cfg.rollout_health_check_interval, cfg.rollout_health_check_first_wait,
                                      cfg.rollout_health_check_max_failures, self._resync)
@@ -153,7 +169,7 @@ class SGLangRollout:
         source = own if own is not None else local
         assert source is not None
         with self._sync_lock:
-            if self._released:
+            if "weights" in self._released:  # the KV cache may stay released: a sync writes weights only
                 self.resume_memory()
             source.stage()  # here, in the caller's thread: a restart's resync later re-sends what is staged
             if self.route is None and local is not None:  # disk sync: a checkpoint the engines reload
@@ -168,6 +184,9 @@ class SGLangRollout:
             for e in self.group.engines:
                 if e.healthy.is_set():
                     source.check_equal(e.index, e.url, self.dtype, self.cfg.sglang_request_timeout_s)
+        if self.keep_on_host:
+            with self._sync_lock:
+                self._last_weights = source.to_host()
         with self._stats_lock:  # metrics() may read from the loop's thread while a worker syncs (train_mode=async)
             self.sync_stats = {"rollout/weight_sync_requests": float(requests), "perf/weight_sync_write_s": t1 - t0,
                                "perf/weight_sync_send_s": t2 - t1, "perf/weight_sync_check_s": time.perf_counter() - t2}
@@ -223,20 +242,24 @@ class SGLangRollout:
 
     # -- colocated memory -----------------------------------------------------------------------------
 
-    def release_memory(self) -> None:
+    def release_memory(self, tags: tuple[str, ...] = RELEASED) -> None:
+        """SGLang's memory tags `tags` released on every engine (with "weights": a generation first re-sends them)."""
         if self.device == "cpu":
             if not getattr(self, "_said_cpu", False):
                 log.warning("sglang release_memory_occupation skipped: not supported on CPU (the server crashes)")
                 self._said_cpu = True
             return
         for e in self.group.engines:
-            W.ok(W.post(e.url, "/release_memory_occupation", {}, self.cfg.sglang_request_timeout_s), "release_memory_occupation")
-        self._released = self._weights_lost = True
+            W.ok(W.post(e.url, "/release_memory_occupation", {"tags": list(tags)}, self.cfg.sglang_request_timeout_s),
+                 "release_memory_occupation")
+        self._released = tuple(tags)
+        self._weights_lost |= "weights" in tags
 
     def resume_memory(self) -> None:
         for e in self.group.engines:
-            W.ok(W.post(e.url, "/resume_memory_occupation", {}, self.cfg.sglang_request_timeout_s), "resume_memory_occupation")
-        self._released = False
+            W.ok(W.post(e.url, "/resume_memory_occupation", {"tags": list(self._released)}, self.cfg.sglang_request_timeout_s),
+                 "resume_memory_occupation")
+        self._released = ()
 
     # -- state ----------------------------------------------------------------------------------------
 
@@ -246,7 +269,7 @@ class SGLangRollout:
         restarted so far."""
         with self._stats_lock:
             sync, self.sync_stats = self.sync_stats, {}
-        return {**sync, "rollout/sglang_retries": float(self.client.retried),
+        return {**sync, **self.engine_memory, "rollout/sglang_retries": float(self.client.retried),
                 "rollout/sglang_restarts": float(sum(e.restarts for e in self.group.engines))}
 
     def state_dict(self) -> dict:

@@ -123,6 +123,25 @@ def ping(url: str, path: str = "/health", timeout: float = 5.0) -> bool:
         return False
 
 
+def server_memory(url: str, timeout: float) -> dict[str, float]:
+    """What an engine says it holds (its /server_info memory_usage, SGLang >= 0.5: GiB): the `perf/engine_*` figures
+    `slime-hydra plan` predicts (weights, KV cache, CUDA graphs, the free memory it was sized from); {} if it does not."""
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            r = httpx.get(url + path, timeout=timeout)
+            usage = r.json()["internal_states"][0]["memory_usage"] if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+            usage = None
+        if isinstance(usage, dict):
+            graph = usage.get("graph") or {}
+            return {"perf/engine_weights_gib": float(usage.get("weight", 0.0)),
+                    "perf/engine_kv_cache_gib": float(usage.get("kvcache", 0.0)),
+                    "perf/engine_cuda_graphs_gib": float(sum(graph.values()) if isinstance(graph, dict) else graph or 0.0),
+                    "perf/engine_free_at_start_gib": float(usage.get("startup_available", 0.0)),
+                    "perf/engine_kv_tokens": float(usage.get("token_capacity", 0))}
+    return {}
+
+
 def wait_healthy(proc: ServerProcess, url: str, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

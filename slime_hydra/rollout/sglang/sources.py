@@ -43,6 +43,11 @@ class Sender(Protocol):
         """check_equal against the engine, where the tensors are; -> the number of tensors compared."""
         ...
 
+    def to_host(self) -> "Sender":
+        """What a later resync may send while the trainer's memory is released (cluster.offload_train): a copy in host
+        memory, or this sender where its holders move their tensors to the host themselves."""
+        ...
+
 
 TENSOR: Route[Sender] = Route("tensor")  # handles to the tensors, posted to the engine that shares their device
 DISTRIBUTED: Route[Sender] = Route("distributed")  # a broadcast over the engine's update group
@@ -73,3 +78,6 @@ class LocalTensors:
 
     def check_equal(self, engine: int, url: str, dtype: str, timeout: float) -> int:
         return W.check_equal(url, self.tensors, dtype, timeout)
+
+    def to_host(self) -> "LocalTensors":
+        return LocalTensors([(name, t.detach().to("cpu", copy=True)) for name, t in self.tensors], self.groups)

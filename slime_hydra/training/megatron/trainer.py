@@ -25,11 +25,13 @@ from slime_hydra.algorithms import losses as L
 from slime_hydra.config.schema import MegatronConfig, ModelConfig, ParallelismConfig
 from slime_hydra.protocols import InProcessWeights, TrainBatch
 from slime_hydra.training.base import shaping_kl
+from slime_hydra.training.gpu_memory import device_used, release_figures, step_figures
 from slime_hydra.training.megatron import convert
 from slime_hydra.training.megatron.critic import MegatronCritic
 from slime_hydra.training.megatron.export import HFExport
 from slime_hydra.training.megatron.parallel import init_parallel
 from slime_hydra.training.megatron.runner import MegatronRunner
+from slime_hydra.training.offload import HostOffload, module_tensors, optimizer_tensors
 from slime_hydra.training.policy_loss import old_log_probs, policy_loss
 from slime_hydra.training.rollout_schedule import RolloutSchedule
 from slime_hydra.training.schedule import lr_multiplier
@@ -65,6 +67,7 @@ class MegatronTrainBackend:
         self._sft_optimizer = None
         self.critic = MegatronCritic(runner, policy, critic, loss) if critic is not None else None
         self.schedule = RolloutSchedule.of(loss, runner.batch, critic)
+        self.offload = HostOffload()  # cluster.offload_train: release_memory / resume_memory
 
     def freeze_reference(self) -> None:
         """After any warm start: snapshot the KL reference, and start the critic from the policy's body."""
@@ -93,7 +96,8 @@ class MegatronTrainBackend:
     # -- RL ----------------------------------------------------------------------------------
     def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
         critic = None if self.critic is None else self.critic.train_rollout
-        return self.schedule.train(batch, self._train_step, self.compute_log_probs, critic, self.ref, self.gpt)
+        metrics = self.schedule.train(batch, self._train_step, self.compute_log_probs, critic, self.ref, self.gpt)
+        return metrics | step_figures(self.runner.device)
 
     def _train_step(self, batch: TrainBatch, idx: torch.Tensor, old_all: Optional[torch.Tensor]) -> dict[str, float]:
         r, mode = self.runner, self.loss.loss_aggregation
@@ -193,6 +197,21 @@ class MegatronTrainBackend:
     def _counters(self) -> dict:
         out = {"steps_done": self.steps_done, "rollouts_trained": self.schedule.rollouts_trained}
         return out | ({"critic_steps_done": self.critic.steps_done} if self.critic is not None else {})
+
+    def release_memory(self) -> dict[str, float]:
+        """The policy (its DDP parameter and gradient buffers), the fp32 main parameters and Adam's moments of every
+        megatron optimizer (the warm start's too), the reference, and the critic's model and optimizer."""
+        c = self.critic
+        models = [self.ddp, self.ref] + ([c.ddp] if c is not None else [])
+        optimizers = [self.optimizer, self._sft_optimizer] + ([c.optimizer] if c is not None else [])
+        tensors = [t for m in models if m is not None for t in module_tensors(m)]
+        tensors += [t for o in optimizers if o is not None
+                    for inner in getattr(o, "chained_optimizers", [o]) for t in optimizer_tensors(inner.optimizer)]
+        used = device_used(self.runner.device)
+        return release_figures(self.runner.device, used, self.offload.release(tensors))
+
+    def resume_memory(self) -> None:
+        self.offload.resume()
 
     def load_checkpoint(self, path: str) -> None:
         """Collective: the inverse of save_checkpoint, into this run's layout (TP/PP may differ from the writer's, and with the
