@@ -1,7 +1,8 @@
 """Real servers on loopback for the tests, each started once per test session and shared by every module.
 
 - `mlflow_server`: `mlflow server` on a free port, sqlite store, one worker, proxied artifacts.
-- `ray_head`: `ray start --head --block` with the dashboard (job submission) and 16 logical CPUs, its own temp dir.
+- `ray_head`: `ray start --head --block` with the dashboard (job submission) and 16 logical CPUs, its own temp dir,
+  token auth (the session's token, tests/conftest.py) and every server on 127.0.0.1.
   Modules join it with `ray.init(address=..., namespace=<module>)`; a module that needs a cluster of its own
   shape gets a namespace and its own placement groups on this one, not a new head.
 
@@ -193,7 +194,8 @@ def _start_ray_head() -> dict:
             "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
             "--temp-dir", temp, "--disable-usage-stats", *[x for kv in ports.items() for x in kv]]
     log = Path(temp) / "ray_start.log"
-    proc = _start(args, log, env={"RAY_TMPDIR": temp, "RAY_AUTH_MODE": "disabled"})
+    # token auth (the session's RAY_AUTH_TOKEN, inherited) and every server on the loopback, as conftest.py sets
+    proc = _start(args, log, env={"RAY_TMPDIR": temp, "RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
     try:
         _wait_http(f"http://127.0.0.1:{dash}/api/version", proc, log, timeout=180)
         # jobs go through the head node's dashboard agent, which comes up later ("No available agent to submit job")
