@@ -73,7 +73,7 @@ class SGLangRollout:
         t0 = time.perf_counter()
         self.group.start()
         self.start_time_s = time.perf_counter() - t0
-        self.client = RouterClient(self.group.router_url, cfg.sglang_server_concurrency * num_engines,
+        self.client = RouterClient(self.group.router_endpoint, cfg.sglang_server_concurrency * num_engines,
                                    cfg.sglang_request_timeout_s, cfg.sglang_max_retries, cfg.sglang_retry_backoff_s)
         self._wait_router()
         if cfg.use_fault_tolerance:
@@ -83,7 +83,7 @@ class SGLangRollout:
     def _wait_router(self) -> None:
         body = {"input_ids": [self.tokenizer.eos_token_id], "sampling_params": {"max_new_tokens": 1}}
         try:
-            wait_routed(self.group.router_url, body, self.cfg.sglang_server_start_timeout_s, self.group.log_dir / "router.log")
+            wait_routed(self.group.router_endpoint, body, self.cfg.sglang_server_start_timeout_s, self.group.log_dir / "router.log")
         except BaseException:
             self.shutdown()
             raise
@@ -138,7 +138,7 @@ class SGLangRollout:
         self._aborted = True
         for e in self.group.engines:
             try:
-                httpx.post(e.url + "/abort_request", json={"abort_all": True}, timeout=10)
+                httpx.post(e.url + "/abort_request", json={"abort_all": True}, headers=e.endpoint.headers, timeout=10)
             except httpx.HTTPError as exc:
                 log.warning("abort on sglang engine %d failed: %s", e.index, exc)
 
@@ -167,7 +167,7 @@ class SGLangRollout:
         if self.cfg.check_weight_update_equal:
             for e in self.group.engines:
                 if e.healthy.is_set():
-                    source.check_equal(e.index, e.url, self.dtype, self.cfg.sglang_request_timeout_s)
+                    source.check_equal(e.index, e.endpoint, self.dtype, self.cfg.sglang_request_timeout_s)
         with self._stats_lock:  # metrics() may read from the loop's thread while a worker syncs (train_mode=async)
             self.sync_stats = {"rollout/weight_sync_requests": float(requests), "perf/weight_sync_write_s": t1 - t0,
                                "perf/weight_sync_send_s": t2 - t1, "perf/weight_sync_check_s": time.perf_counter() - t2}
@@ -183,22 +183,22 @@ class SGLangRollout:
     def _sync_engine(self, e: Engine, source: S.Sender, version: int) -> int:
         """-> the number of weight-update requests the engine got (buckets; 1 from disk)."""
         timeout = self.cfg.sglang_request_timeout_s
-        paused = W.post(e.url, "/pause_generation", {}, timeout).status_code == 200
+        paused = W.post(e.endpoint, "/pause_generation", {}, timeout).status_code == 200
         try:
             if self.mode == "tensor":
-                n = source.send(e.index, e.url, version, self.tp_size, self.cfg.update_weight_buffer_size, self.dtype, timeout)
+                n = source.send(e.index, e.endpoint, version, self.tp_size, self.cfg.update_weight_buffer_size, self.dtype, timeout)
             elif self.mode == "distributed":
-                n = source.broadcast(e.index, e.url, e.launches, version, self.tp_size, self.cfg.update_weight_buffer_size,
+                n = source.broadcast(e.index, e.endpoint, e.launches, version, self.tp_size, self.cfg.update_weight_buffer_size,
                                      self.dtype, timeout)
             else:
-                n = W.update_from_disk(e.url, self._last_disk, version, timeout)
+                n = W.update_from_disk(e.endpoint, self._last_disk, version, timeout)
             if self.mode != "disk":  # update_weights_from_disk flushes itself
-                r = W.post(e.url, "/flush_cache", {}, timeout)
+                r = W.post(e.endpoint, "/flush_cache", {}, timeout)
                 if r.status_code != 200:  # the next prefill recomputes; only the radix cache is stale
                     log.warning("sglang engine %d: flush_cache after a weight update answered %d", e.index, r.status_code)
         finally:
             if paused:
-                W.post(e.url, "/continue_generation", {}, timeout)
+                W.post(e.endpoint, "/continue_generation", {}, timeout)
         return n
 
     def _restore_weights(self) -> None:
@@ -212,7 +212,7 @@ class SGLangRollout:
                 if self.synced_version is not None:
                     self._sync_engine(e, self._last_weights, self.synced_version)
                 else:  # nothing synced yet: the weights the engine started from
-                    W.update_from_disk(e.url, self.init_dir, 0, self.cfg.sglang_request_timeout_s)
+                    W.update_from_disk(e.endpoint, self.init_dir, 0, self.cfg.sglang_request_timeout_s)
             self._weights_lost = False
 
     def _resync(self, e: Engine) -> None:
@@ -230,12 +230,12 @@ class SGLangRollout:
                 self._said_cpu = True
             return
         for e in self.group.engines:
-            W.ok(W.post(e.url, "/release_memory_occupation", {}, self.cfg.sglang_request_timeout_s), "release_memory_occupation")
+            W.ok(W.post(e.endpoint, "/release_memory_occupation", {}, self.cfg.sglang_request_timeout_s), "release_memory_occupation")
         self._released = self._weights_lost = True
 
     def resume_memory(self) -> None:
         for e in self.group.engines:
-            W.ok(W.post(e.url, "/resume_memory_occupation", {}, self.cfg.sglang_request_timeout_s), "resume_memory_occupation")
+            W.ok(W.post(e.endpoint, "/resume_memory_occupation", {}, self.cfg.sglang_request_timeout_s), "resume_memory_occupation")
         self._released = False
 
     # -- state ----------------------------------------------------------------------------------------
