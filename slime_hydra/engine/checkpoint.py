@@ -58,7 +58,7 @@ def trainer_files(trainer: TrainBackend, tokenizer):
 
     def write(path: str) -> None:
         trainer.save_hf(path, tokenizer)
-        trainer.save_checkpoint(path)  # megatron's <ckpt>/megatron/; a no-op for a trainer whose state is in state.pt
+        trainer.save_checkpoint(path)  # megatron's <ckpt>/megatron/; a no-op for a trainer whose state is in the state files
 
     return write
 
