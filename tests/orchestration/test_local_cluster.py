@@ -136,3 +136,32 @@ def test_auth_disabled_is_refused_for_a_runs_own_cluster(monkeypatch):
     with pytest.raises(UserError, match="RAY_AUTH_MODE=disabled: the Ray cluster a run starts for itself runs with "
                                         "token auth .* unset RAY_AUTH_MODE"):
         local_cluster.check_auth_mode()
+
+
+@pytest.mark.integration
+def test_the_sessions_head_node_listens_on_the_loopback_and_its_job_api_asks_for_the_token(ray_head):
+    """The tests' shared `ray start --head` (tests/support/servers.py) runs as docs/security.md tells users to start
+    theirs: every server on 127.0.0.1, and its dashboard (the job API: code submitted to the cluster) answers 401
+    without the token."""
+    import urllib.error
+    import urllib.request
+
+    starts = []  # the `ray start --block` process of the session's head (its temp dir is its own)
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and f"--temp-dir\0{ray_head.temp_dir}\0" in (d / "cmdline").read_bytes().decode(errors="replace"):
+                starts.append(int(d.name))
+        except OSError:
+            continue
+    assert starts, ray_head
+    sockets = listening(set().union(*(descendants(p) for p in starts)))
+    assert {"gcs_server", "raylet"} <= {name for _, _, name in sockets}, sockets
+    assert all(addr == "127.0.0.1" for addr, _, _ in sockets), sockets
+    for headers, code in (({}, 401), ({"Authorization": f"Bearer {os.environ['RAY_AUTH_TOKEN']}"}, 200)):
+        try:
+            with urllib.request.urlopen(urllib.request.Request(ray_head.dashboard_url + "/api/jobs/", headers=headers),
+                                        timeout=30) as r:
+                got = r.status
+        except urllib.error.HTTPError as e:
+            got = e.code
+        assert got == code, (headers.keys(), got)
