@@ -116,7 +116,7 @@ def redact_hydra_files(hc, secrets: set[str]) -> None:
 
     files = sorted((Path(hc.runtime.output_dir) / hc.output_subdir).glob("*.yaml")) if hc.output_subdir else []
     if hc.mode == RunMode.MULTIRUN:
-        files.append(Path(hc.sweep.dir) / "multirun.yaml")
+        files.append(Path(hc.runtime.cwd) / hc.sweep.dir / "multirun.yaml")  # relative to where the sweep was started
     for f in files:
         redact_yaml_file(f, secrets)
 

@@ -112,7 +112,7 @@ class Engine:
     failures: int = 0
     restarts: int = 0
     launches: int = 0
-    env: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict, repr=False)  # holds the key (KEY_ENV) and rollout.sglang_env's secrets
     key: str = field(default="", repr=False)  # this run's API key (the server gets it in env[KEY_ENV])
 
     @property
