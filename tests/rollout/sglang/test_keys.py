@@ -16,9 +16,6 @@ import pytest
 from slime_hydra.rollout.sglang.engines import EngineGroup, EngineStartError
 from slime_hydra.rollout.sglang.process import ManagedProcess
 
-pytestmark = pytest.mark.integration  # starts server processes
-
-
 @contextlib.contextmanager
 def squatter():
     """A process of someone else's on a port: 200 to everything, and a record of each request's Authorization."""
@@ -64,6 +61,7 @@ class OnPort:
         pass
 
 
+@pytest.mark.integration  # starts server processes
 def test_an_engine_port_taken_before_the_engine_listens_is_refused_and_gets_no_key(tmp_path: Path):
     with squatter() as (port, seen):
         launcher = OnPort(port)
@@ -80,3 +78,15 @@ def test_an_engine_port_taken_before_the_engine_listens_is_refused_and_gets_no_k
     assert seen == [("/health", None)]  # one health check, without the key; nothing after it
     assert not started.alive()  # the started process was stopped with the group
     assert group.key not in (tmp_path / "engine_0.log").read_text()  # its start line: no key on the command line
+
+
+def test_the_key_is_the_runners_to_set():
+    from slime_hydra.app.preflight import compose_run
+    from slime_hydra.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        compose_run(["experiment=grpo/qwen3-tiny-addition-cpu-sglang-torch-v1", "+rollout.sglang.api_key=mine",
+                     "+rollout.sglang_router.api_key=mine"])
+    assert "rollout.sglang.api_key is set by the runner and cannot be overridden: each run gives its engines a random " \
+           "key of its own" in str(e.value)
+    assert "rollout.sglang_router.api_key is set by the runner" in str(e.value)
