@@ -26,12 +26,15 @@ from typing import Any
 import torch
 
 from slime_hydra.data.dataset import Prompt
+from slime_hydra.data.readers import Pending
 from slime_hydra.errors import UserError
 
 TREE = "state.json"
 TENSORS = "state.safetensors"
 LEGACY = "state.pt"
-DATA_TYPES = {"Prompt": Prompt}  # dataclasses a state may hold, rebuilt from their fields
+# dataclasses a state may hold, rebuilt from their fields: a streamed source's buffer holds Prompts, and Pendings (rows
+# read ahead whose template and tokens are still to come) where data workers defer them
+DATA_TYPES = {"Prompt": Prompt, "Pending": Pending}
 TAG = "__state__"  # the key of an encoded node; a dict of the data that has it is stored as items
 
 

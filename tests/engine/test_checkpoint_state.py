@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from slime_hydra.data.dataset import Prompt
+from slime_hydra.data.readers import Pending
 from slime_hydra.engine import checkpoint_state as S
 from slime_hydra.engine.checkpoint import load_state, resolve_checkpoint, save_checkpoint
 from tests.support.crafted import crafted_state
@@ -52,7 +53,8 @@ def test_every_kind_of_state_comes_back_bit_exact_and_of_the_same_type(tmp_path)
         "trainer": {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "ref_model": model.state_dict()},
         "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), "rollout": {"generator": gen.get_state()},
         "history": [(1, {"rollout/reward_mean": 0.25, "train/grad_norm": float("nan"), "x": float("-inf")})],
-        "stream": {"buffer": [Prompt("1+1", "1+1=", [5, 6], "2", {"__state__": "a row's own key", "n": (1, 2)})]},
+        "stream": {"buffer": [Prompt("1+1", "1+1=", [5, 6], "2", {"__state__": "a row's own key", "n": (1, 2)}),
+                              Pending({"prompt": "2+2", "label": "4"}, None, (0, 7, 512))]},  # a row read ahead
         "odd_keys": {3: "int", (1, "a"): "tuple", None: "none"}, "bf16": torch.arange(6, dtype=torch.bfloat16).view(2, 3).t(),
         "empty": torch.zeros(0), "tracker_run_id": None,
     }

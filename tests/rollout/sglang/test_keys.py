@@ -16,6 +16,7 @@ import pytest
 from slime_hydra.rollout.sglang.engines import EngineGroup, EngineStartError
 from slime_hydra.rollout.sglang.process import ManagedProcess
 
+
 @contextlib.contextmanager
 def squatter():
     """A process of someone else's on a port: 200 to everything, and a record of each request's Authorization."""
