@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -154,7 +155,12 @@ def test_the_sessions_head_node_listens_on_the_loopback_and_its_job_api_asks_for
         except OSError:
             continue
     assert starts, ray_head
-    sockets = listening(set().union(*(descendants(p) for p in starts)))
+    deadline = time.monotonic() + 120  # on a loaded machine the raylet may listen a while after the dashboard answers
+    while True:
+        sockets = listening(set().union(*(descendants(p) for p in starts)))
+        if {"gcs_server", "raylet"} <= {name for _, _, name in sockets} or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert {"gcs_server", "raylet"} <= {name for _, _, name in sockets}, sockets
     assert all(addr == "127.0.0.1" for addr, _, _ in sockets), sockets
     for headers, code in (({}, 401), ({"Authorization": f"Bearer {os.environ['RAY_AUTH_TOKEN']}"}, 200)):
