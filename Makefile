@@ -5,7 +5,6 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 export HF_HUB_OFFLINE := 1
-export RAY_AUTH_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: help install run test test-fast test-all lint bench bench-rollout bench-algorithms bench-async bench-megatron bench-megatron-mix bench-sglang-gpu bench-data clean golden

@@ -160,7 +160,7 @@ def throughput(args, out: Path) -> dict:
                                         "median_s": statistics.median(times[1:])}
             log(f"weight sync, buffer {buf // MiB} MiB: {syncs[f'{buf // MiB}MiB']}")
         res["weight_sync"] = syncs
-        url = rollout.group.engines[0].url
+        url = rollout.group.engines[0].endpoint
         t = time.perf_counter()
         n = W.check_equal(url, named(), cfg.model.dtype, 600)
         res["check_equal"] = {"tensors": n, "s": time.perf_counter() - t}

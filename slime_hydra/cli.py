@@ -44,7 +44,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], bool, str]:
 
 
 def _set_env_defaults() -> None:
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("RAY_AUTH_MODE", "disabled"), ("TOKENIZERS_PARALLELISM", "false")):
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(key, value)
 
 

@@ -166,7 +166,7 @@ class TrainBackend(Protocol):
     def save_hf(self, path: str, tokenizer) -> None: ...
 
     def state_dict(self) -> Optional[dict]:
-        """The trainer's resume state for the engine's state.pt; None when it is all in save_checkpoint's files."""
+        """The trainer's resume state for the checkpoint's state files (state.json); None when it is all in save_checkpoint's files."""
         ...
 
     def load_state_dict(self, state: Any) -> None:

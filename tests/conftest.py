@@ -5,6 +5,7 @@ batch) live in tests/support/."""
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -23,8 +24,14 @@ from tests.support import servers  # noqa: E402
 from tests.support.servers import mlflow_server, ray_head  # noqa: E402,F401  (session fixtures: real servers on loopback)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Every Ray cluster of the session runs as a run's own does (orchestration/local_cluster.py): token auth, with one
+# token for the session (the xdist workers, started after this, inherit it; so do the head node and every child), and
+# every server on the loopback (a 127.0.0.1 address is then joined there, not at the node's outside IP).
+# Set before Ray is imported: it reads both once.
+os.environ["RAY_AUTH_MODE"] = "token"
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 
 @pytest.fixture

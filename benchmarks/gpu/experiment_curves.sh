@@ -97,7 +97,7 @@ part() {
     report)
       python3 benchmarks/gpu/experiment_report.py "$ROOT" --resumed-at "${RESUMED_AT:-20}" --json "$ROOT/report.json" > "$ROOT/report.md" 2> "$ROOT/report.err"
       echo "[$(date +%T)] report: exit $?" | tee -a "$ROOT/progress.log" ;;
-    slim)  # after both megatron runs are read: drop the big checkpoint files (state.pt with the history stays)
+    slim)  # after both megatron runs are read: drop the big checkpoint files (the state files with the history stay)
       rm -rf "$ROOT"/megatron*/checkpoints/rollout_*/megatron "$ROOT"/megatron*/checkpoints/rollout_*/model.safetensors ;;
     *) echo "unknown part $1"; return 2 ;;
   esac

@@ -6,7 +6,8 @@ ROOT holds one directory per run (megatron, megatron-resume, torch, torch-resume
 Ray against one process; megatron-thd, torch-thd: packed by a token budget), each with the run's
 output_dir contents (checkpoints/, tensorboard/) and launch.json ({"start": epoch s, "end": epoch s, "rc": exit
 code}) written by the script. Read back:
-- the metric history from the newest checkpoint's state.pt ("history": [(step, {metric: value})]); a run without a
+- the metric history from the newest checkpoint's state ("history": [(step, {metric: value})], read as the run reads it:
+  slime_hydra/engine/checkpoint_state.py, plain data only); a run without a
   checkpoint falls back to its TensorBoard scalars;
 - start-up from TensorBoard wall times: launch -> start of rollout 1 (wall time of step 1's scalars minus its
   perf/step_time_s), with the SFT warm start's own seconds (perf/warmstart_time_s at step 0) shown apart;
@@ -59,11 +60,14 @@ def newest_checkpoint(run: Path) -> Path | None:
 
 def history(run: Path, tb: dict) -> tuple[list[tuple[int, dict]], str]:
     ckpt = newest_checkpoint(run)
-    if ckpt is not None and (ckpt / "state.pt").is_file():
-        import torch
+    if ckpt is not None and ((ckpt / "state.json").is_file() or (ckpt / "state.pt").is_file()):
+        import sys
 
-        state = torch.load(ckpt / "state.pt", weights_only=False, map_location="cpu", mmap=True)
-        return [(int(s), dict(m)) for s, m in state["history"]], str(ckpt / "state.pt")
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the package, when run as a script from anywhere
+        from slime_hydra.engine.checkpoint_state import files, read
+
+        state = read(ckpt)
+        return [(int(s), dict(m)) for s, m in state["history"]], str(files(ckpt)[0])
     by_step: dict[int, dict] = {}
     for tag, points in tb.items():
         for step, _, value in points:

@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from slime_hydra.app.checks import check
 from slime_hydra.config.compose import Composer, check_overrides, expand_sweeps, hydra_message, to_run_config
+from slime_hydra.config.redact import redact_override
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.errors import ConfigError
 
@@ -39,7 +40,7 @@ def preflight(overrides: list[str], multirun: bool = False, config_name: str = "
                 probs = probs + more
                 if typed is not None and not probs:
                     configs.append(typed)
-            prefix = f"[job {' '.join(job)}] " if multirun and len(jobs) > 1 else ""
+            prefix = f"[job {' '.join(map(redact_override, job))}] " if multirun and len(jobs) > 1 else ""
             problems.extend(prefix + p for p in probs if prefix + p not in problems)
     if problems:
         raise ConfigError(problems)

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from slime_hydra.app.build import build
 from slime_hydra.app.plugins import load_target
 from slime_hydra.app.preflight import check_composed
+from slime_hydra.config.redact import redact_config, redact_override, redact_yaml_file, secrets_in
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.engine import loop, report
 from slime_hydra.engine.checkpoint import resume_hint
@@ -77,9 +78,9 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_ru
     """Runs and returns the summary (metric -> first/last/max)."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    composed = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    composed = redact_config(OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))  # what is written down
     (out / "composed_config.yaml").write_text(OmegaConf.to_yaml(composed))
-    meta = {"experiment_name": cfg.experiment_name, "git_sha": git_sha(), "overrides": " ".join(overrides)}
+    meta = {"experiment_name": cfg.experiment_name, "git_sha": git_sha(), "overrides": " ".join(map(redact_override, overrides))}
     (out / "run_info.json").write_text(json.dumps(meta, indent=2))
 
     c = build(cfg, str(out), parent_run_id)
@@ -110,16 +111,28 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_ru
         c.rollout.shutdown()
 
 
+def redact_hydra_files(hc, secrets: set[str]) -> None:
+    """Hydra saved the job's config and overrides (`.hydra/`, a sweep's multirun.yaml) before the task: masked here."""
+    from hydra.types import RunMode
+
+    files = sorted((Path(hc.runtime.output_dir) / hc.output_subdir).glob("*.yaml")) if hc.output_subdir else []
+    if hc.mode == RunMode.MULTIRUN:
+        files.append(Path(hc.runtime.cwd) / hc.sweep.dir / "multirun.yaml")  # relative to where the sweep was started
+    for f in files:
+        redact_yaml_file(f, secrets)
+
+
 def task(cfg: DictConfig) -> float | None:
     """The Hydra task: composed config -> checked -> run. Returns the final eval accuracy (for sweepers).
     Bad input raises UserError, a run that stops on a failure it can name RunError; the CLI prints them."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    hc = HydraConfig.get()
+    redact_hydra_files(hc, secrets_in(OmegaConf.to_container(cfg, resolve=False)))
     typed, problems, notes = check_composed(cfg)
     if problems:
         raise ConfigError(problems)
-    hc = HydraConfig.get()
     output_dir = typed.output_dir or hc.runtime.output_dir
     typed = dataclasses.replace(typed, logger=dataclasses.replace(
         typed.logger, tracking_uri=sweep.absolute_tracking_uri(typed.logger.tracking_uri, hc.runtime.cwd)))

@@ -391,7 +391,8 @@ class ClusterConfig:
 
     backend: str = "local"  # local: one process (trainer and rollout in the driver) | ray: placement group + actors
     # Ray cluster to use with backend=ray: None: $RAY_ADDRESS if set, else a new local cluster;
-    # "local": always a new local cluster; "auto" or "host:port": an existing cluster (`ray start --head`)
+    # "local": always a new local cluster; "auto" or "host:port": an existing cluster (`ray start --head`).
+    # A new local cluster is the run's own: token auth, bound to 127.0.0.1 (orchestration/local_cluster.py)
     address: Optional[str] = None
     actor_num_nodes: int = 1
     actor_num_gpus_per_node: int = 1

@@ -1,9 +1,10 @@
 """Checkpoints that survive the machine: HF weights (loadable by `from_pretrained`) plus the exact state to resume.
 
-Layout: <save>/rollout_000010/{model.safetensors, config.json, tokenizer.json, ..., state.pt, manifest.json}
-and <save>/latest naming the newest one. A trainer with its own checkpoint format (train.backend=megatron) adds its
+Layout: <save>/rollout_000010/{model.safetensors, config.json, tokenizer.json, ..., state.json, state.safetensors,
+manifest.json} and <save>/latest naming the newest one. The state to resume is plain data (checkpoint_state.py:
+nothing in it can run code when loaded). A trainer with its own checkpoint format (train.backend=megatron) adds its
 own `megatron/` directory (model, optimizer, reference in megatron's distributed format) inside the same
-checkpoint directory and keeps its state out of state.pt.
+checkpoint directory and keeps its state out of state.json.
 
 Writing (save_checkpoint): everything goes into `<save>/.rollout_000010.tmp-<pid>` (megatron's ranks
 write their shards there too); the manifest (every file and its size) is written last; every file and
@@ -18,7 +19,8 @@ temporary directory and stops the run with exit code 2, naming the directory, th
 Loading (resolve_checkpoint, the rule documented at the schema's `load` key): a checkpoint named
 directly must load, or the run stops naming the broken file; a save root resumes from the checkpoint
 `latest` names, or, when that one is broken, from the newest older one that loads, with a warning
-naming each one skipped. What "loads" means: checkpoint_verify.py.
+naming each one skipped. What "loads" means: checkpoint_verify.py. A state file that asks to run code (a
+crafted pickle) is never skipped quietly: it stops the resolution, naming the file.
 """
 
 from __future__ import annotations
@@ -32,8 +34,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import torch
-
+from slime_hydra.engine import checkpoint_state
 from slime_hydra.engine import checkpoint_verify as verify
 from slime_hydra.errors import UserError
 from slime_hydra.protocols import TrainBackend
@@ -57,7 +58,7 @@ def trainer_files(trainer: TrainBackend, tokenizer):
 
     def write(path: str) -> None:
         trainer.save_hf(path, tokenizer)
-        trainer.save_checkpoint(path)  # megatron's <ckpt>/megatron/; a no-op for a trainer whose state is in state.pt
+        trainer.save_checkpoint(path)  # megatron's <ckpt>/megatron/; a no-op for a trainer whose state is in the state files
 
     return write
 
@@ -77,8 +78,7 @@ def save_checkpoint(save_dir: str, rollout_id: int, write_hf: Callable[[str], No
         tmp.mkdir()
         try:
             write_hf(str(tmp))
-            with open(tmp / verify.STATE, "wb") as f:  # a file object: a full disk surfaces as OSError(ENOSPC)
-                torch.save(state, f)
+            checkpoint_state.write(tmp, state)
             write_manifest(tmp, rollout_id)
             fsync_tree(tmp)
             publish(tmp, final)
@@ -189,7 +189,7 @@ def disk_error(e: BaseException) -> Optional[str]:
 def previous_note(root: Path) -> str:
     try:
         prev = pick(root, warn=False)
-    except (CheckpointError, OSError):
+    except (CheckpointError, checkpoint_state.UnsafeState, OSError):
         return f"there is no earlier checkpoint in {root} that loads"
     return f"the previous checkpoint {prev} is intact (checked); load={root} resumes from it"
 
@@ -211,9 +211,9 @@ def resolve_checkpoint(load: str) -> Path:
                               f"set load={p.parent} to resume from the newest checkpoint there that loads")
     if is_save_root(p):
         return pick(p, warn=True)
-    looks_like_one = CHECKPOINT.fullmatch(p.name) or any((p / f).exists() for f in (verify.STATE, verify.MANIFEST))
+    looks_like_one = CHECKPOINT.fullmatch(p.name) or any((p / f).exists() for f in (*verify.STATE_FILES, verify.MANIFEST))
     if not looks_like_one:
-        raise CheckpointError(f"load={load}: neither a checkpoint (no {verify.STATE}) nor a save directory (no 'latest' "
+        raise CheckpointError(f"load={load}: neither a checkpoint (no {checkpoint_state.TREE}) nor a save directory (no 'latest' "
                               "file, no rollout_NNNNNN directories); point load at a directory written by save"
                               + ("; a Hugging Face model to start from goes in model.hf_checkpoint"
                                  if (p / "config.json").is_file() else ""))
@@ -280,12 +280,16 @@ def bullets(lines: list[str]) -> str:
 
 
 def load_state(ckpt: Path) -> dict[str, Any]:
-    path = Path(ckpt) / verify.STATE
+    """The state `save_checkpoint` wrote (plain data: nothing in it runs when loaded)."""
+    ckpt = Path(ckpt)
     try:
-        return torch.load(path, weights_only=False)
+        return checkpoint_state.read(ckpt)
+    except checkpoint_state.UnsafeState:
+        raise
     except Exception as e:  # checked by resolve_checkpoint, so only a file changed since, or a foreign one, gets here
-        raise CheckpointError(f"{path}: does not load ({type(e).__name__}: {str(e)[:300]}); point load at the save root "
-                              f"{Path(ckpt).parent} to resume from the newest checkpoint there that loads") from e
+        where = ", ".join(str(f) for f in checkpoint_state.files(ckpt))
+        raise CheckpointError(f"{where}: does not load ({type(e).__name__}: {str(e)[:300]}); point load at the save root "
+                              f"{ckpt.parent} to resume from the newest checkpoint there that loads") from e
 
 
 def resume_hint(save_dir: str) -> str:

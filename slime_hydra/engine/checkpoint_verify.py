@@ -3,8 +3,10 @@
 Checked without loading the model: every file the save's manifest lists is there with the recorded size
 (a save leaves `manifest.json` last, so a copy cut short or a file truncated later shows here); every
 top-level JSON file parses; every safetensors file's header parses and the file is as long as the header
-says; state.pt unpickles (its tensors memory-mapped, not read); megatron's `metadata.json` parses and its
-`common.pt` loads. Not checked: the bytes inside a tensor (no checksums: hashing tens of GB at every save
+says; the state (checkpoint_state.py) is there: state.json parses and state.safetensors' header does, or an older
+release's state.pt loads with torch's weights-only unpickler (its tensors memory-mapped, not read), and one that
+asks to run code raises checkpoint_state.UnsafeState instead of being reported as broken; megatron's
+`metadata.json` parses and its `common.pt` loads (weights only). Not checked: the bytes inside a tensor (no checksums: hashing tens of GB at every save
 costs more than the failures it would catch; a flipped bit in the weights loads). Checkpoints written before
 manifests existed get the format checks alone.
 """
@@ -17,8 +19,10 @@ from pathlib import Path
 
 import torch
 
+from slime_hydra.engine import checkpoint_state
+
 MANIFEST = "manifest.json"
-STATE = "state.pt"
+STATE_FILES = (checkpoint_state.TREE, checkpoint_state.TENSORS, checkpoint_state.LEGACY)
 
 
 def problems(ckpt: Path) -> list[str]:
@@ -36,12 +40,22 @@ def problems(ckpt: Path) -> list[str]:
             found.append(p)
     megatron = ckpt / "megatron"
     if megatron.is_dir():
-        found += [p for p in (json_problem(megatron / "metadata.json"), torch_problem(megatron / "common.pt", True)) if p]
-    if not (ckpt / STATE).is_file():
-        found.append(f"{ckpt / STATE}: missing (every checkpoint has one: the state to resume)")
-    elif p := torch_problem(ckpt / STATE, False):
-        found.append(p)
-    return found
+        found += [p for p in (json_problem(megatron / "metadata.json"), torch_problem(megatron / "common.pt")) if p]
+    return found + state_problems(ckpt)
+
+
+def state_problems(ckpt: Path) -> list[str]:
+    """The resume state's files (their format was checked with every JSON and safetensors file above)."""
+    paths = checkpoint_state.files(ckpt)
+    if paths[0].name == checkpoint_state.LEGACY:
+        try:
+            checkpoint_state.read_legacy(paths[0], mmap=True)
+        except checkpoint_state.UnsafeState:
+            raise
+        except Exception as e:  # zip, pickle and storage errors all mean the same here: it does not load
+            return [f"{paths[0]}: does not load ({type(e).__name__}: {str(e)[:200]})"]
+        return []
+    return [f"{p}: missing (every checkpoint has one: the state to resume)" for p in paths if not p.is_file()]
 
 
 def manifest_problems(ckpt: Path) -> list[str]:
@@ -87,11 +101,11 @@ def safetensors_problem(f: Path) -> str | None:
     return None
 
 
-def torch_problem(f: Path, weights_only: bool) -> str | None:
+def torch_problem(f: Path) -> str | None:
     if not f.is_file():
         return f"{f}: missing"
     try:
-        torch.load(f, map_location="cpu", weights_only=weights_only, mmap=True)
+        torch.load(f, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # zip, pickle and storage errors all mean the same here: it does not load
         return f"{f}: does not load ({type(e).__name__}: {str(e)[:200]})"
     return None

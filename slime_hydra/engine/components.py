@@ -54,14 +54,14 @@ class Components:
 
 
 def engine_state(c: Components, rollout_id: int) -> dict:
-    """state.pt's content after `rollout_id` (a trainer with its own checkpoint format gives None: <ckpt>/megatron/)."""
+    """The checkpoint state's content after `rollout_id` (a trainer with its own checkpoint format gives None: <ckpt>/megatron/)."""
     return {"rollout_id": rollout_id, "trainer": c.trainer.state_dict(), "rollout": c.rollout.state_dict(),
             "source": c.source.state_dict(), "buffer": c.buffer.state_dict(), "torch_rng": torch.get_rng_state(),
             "python_rng": random.getstate(), "history": c.state.history, "tracker_run_id": c.tracker.run_id}
 
 
 def restore(c: Components, state: dict) -> None:
-    c.trainer.load_checkpoint(str(c.resumed_from))  # megatron's own files; a no-op for a trainer whose state is in state.pt
+    c.trainer.load_checkpoint(str(c.resumed_from))  # megatron's own files; a no-op for a trainer whose state is in the state files
     c.trainer.load_state_dict(state["trainer"])  # None for megatron: a no-op there
     c.rollout.load_state_dict(state["rollout"])
     c.source.load_state_dict(state["source"])

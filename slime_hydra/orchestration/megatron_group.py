@@ -12,7 +12,7 @@ rollout engines are every stage's TP-gathered Hugging Face tensors, gathered ont
 result goes into the object store, and the rollout manager hands the reference to its engines (rollout=local) or, with
 PP>1, the driver fetches it and sends it to the SGLang engines in buckets (rollout=sglang: orchestration/sglang_engines.py). Checkpoints
 are the backend's: HF weights written by one rank per stage, and megatron's distributed format written by
-every rank (save_checkpoint / load_checkpoint: nothing of the trainer in state.pt).
+every rank (save_checkpoint / load_checkpoint: nothing of the trainer in the state files).
 
 With PP=1 the SGLang engines get the weights from the ranks instead (orchestration/rank_weights.py): colocated ones
 as CUDA IPC handles of the ranks' own tensors on their GPUs, disaggregated ones over update groups the ranks open (NCCL
@@ -156,7 +156,7 @@ class MegatronTrainGroup:
         self._all("checkpoint (save_hf)", "save_hf", path, tokenizer)
 
     def state_dict(self) -> None:
-        """None: the ranks' state is megatron's distributed checkpoint (save_checkpoint), not the engine's state.pt."""
+        """None: the ranks' state is megatron's distributed checkpoint (save_checkpoint), not the engine's state files."""
         return None
 
     def load_state_dict(self, state: Any) -> None:

@@ -9,12 +9,14 @@ same code. `plan_layout` and `layout_problems` are pure; the rest talks to Ray.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Optional
 
 from slime_hydra.config.schema import ClusterConfig
 from slime_hydra.errors import UserError
+from slime_hydra.orchestration import local_cluster
 
 
 @dataclass(frozen=True)
@@ -82,15 +84,34 @@ def connect(c: ClusterConfig) -> tuple[bool, str]:
         return False, f"the connected cluster at {ray.get_runtime_context().gcs_address}"
     address = c.address if c.address is not None else os.environ.get("RAY_ADDRESS")
     if address in (None, "", "local"):
-        ray.init(address="local" if c.address == "local" else None, include_dashboard=False, logging_level="WARNING")
+        local_cluster.start()  # token auth, loopback only: never another cluster found on the machine
         return True, "a new local cluster"
     probe_gcs(address, c.placement_timeout_s)
     try:
-        ray.init(address=address, logging_level="WARNING")
+        with local_cluster.loopback_node() if local_cluster.is_loopback(address) else contextlib.nullcontext():
+            ray.init(address=address, logging_level="WARNING")
     except (ConnectionError, RuntimeError) as e:
+        if token_refused(e):
+            raise UserError(f"cluster.address={address}: the Ray cluster there refused this process's token; set "
+                            "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token "
+                            "(docs/security.md)") from None
         raise UserError(f"cluster.address={address}: cannot connect to a Ray cluster there ({e}); start one with "
                         "`ray start --head` or set cluster.address=local") from None
     return False, f"cluster.address={address}"
+
+
+def token_refused(e: BaseException) -> bool:
+    """Whether ray.init failed on the cluster's token auth (Ray chains it under its ConnectionError, as an
+    AuthenticationError or as a message from the GCS)."""
+    import ray
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, ray.exceptions.AuthenticationError) or "InvalidAuthToken" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def probe_gcs(address: str, timeout_s: float) -> None:

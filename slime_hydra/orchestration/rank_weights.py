@@ -31,6 +31,7 @@ import torch
 from slime_hydra.protocols import Route
 from slime_hydra.rollout.sglang import distributed as D
 from slime_hydra.rollout.sglang import weights as W
+from slime_hydra.rollout.sglang.endpoint import Endpoint
 from slime_hydra.rollout.sglang.sources import DISTRIBUTED, TENSOR, Sender
 
 if TYPE_CHECKING:  # not at run time: `slime-hydra plan` reads engine_ranks without importing ray
@@ -69,7 +70,7 @@ class RankStage:
     def drop_payload(self, index: int) -> None:
         self._kept.pop(index, None)
 
-    def broadcast_weights(self, engine: int, url: str, launch: int, version: int, tp_size: int, buffer_bytes: int,
+    def broadcast_weights(self, engine: int, url: Endpoint, launch: int, version: int, tp_size: int, buffer_bytes: int,
                           dtype: str, timeout: float) -> int:
         """The staged tensors to engine `engine` over its update group, this rank its rank 0 -> the number of requests."""
         if self._update_groups is None:
@@ -77,7 +78,7 @@ class RankStage:
         assert self._staged, "broadcast_weights before stage_weights(keep=True)"
         return self._update_groups.send(engine, url, launch, list(self._staged), version, tp_size, buffer_bytes, dtype, timeout)
 
-    def check_weights(self, url: str, dtype: str, timeout: float) -> int:
+    def check_weights(self, url: Endpoint, dtype: str, timeout: float) -> int:
         return W.check_equal(url, self._staged, dtype, timeout)
 
     def release_memory(self) -> dict[str, float]:
@@ -169,18 +170,18 @@ class RankWeights:
             self.calls.get([r.drop_payload.remote(index) for r in ranks], "releasing a weight bucket", self._labels(engine))
             index += 1
 
-    def send(self, engine: int, url: str, version: int, tp_size: int, buffer_bytes: int, dtype: str, timeout: float) -> int:
+    def send(self, engine: int, url: Endpoint, version: int, tp_size: int, buffer_bytes: int, dtype: str, timeout: float) -> int:
         assert len(self.engine_ranks[engine]) == tp_size, (self.engine_ranks, tp_size)
         return W.update_from_payloads(url, self._payloads(engine, buffer_bytes, dtype), version, timeout)
 
-    def broadcast(self, engine: int, url: str, launch: int, version: int, tp_size: int, buffer_bytes: int, dtype: str,
+    def broadcast(self, engine: int, url: Endpoint, launch: int, version: int, tp_size: int, buffer_bytes: int, dtype: str,
                   timeout: float) -> int:
         r = self.feeders[engine]
         return self.calls.get(self.ranks[r].broadcast_weights.remote(engine, url, launch, version, tp_size, buffer_bytes, dtype,
                                                                      timeout),
                               f"broadcasting the weights to sglang engine {engine} over its update group", [f"rank {r}"])
 
-    def check_equal(self, engine: int, url: str, dtype: str, timeout: float) -> int:
+    def check_equal(self, engine: int, url: Endpoint, dtype: str, timeout: float) -> int:
         r = self.engine_ranks[engine][0] if self.engine_ranks is not None else self.feeders[engine]
         return self.calls.get(self.ranks[r].check_weights.remote(url, dtype, timeout), "check_weight_update_equal", [f"rank {r}"])
 

@@ -72,6 +72,9 @@ class SGLangEngineActor:
     def log_tail(self, n: int) -> str:
         return self.process.log_tail(n) if self.process else ""
 
+    def listens_on(self, port: int) -> bool:
+        return self.process is not None and self.process.listens_on(port)
+
 
 def probe_bundle() -> tuple[str, list]:
     """Run on one bundle: its node and the GPU ids Ray assigned there."""
@@ -107,6 +110,13 @@ class RemoteServer:
 
     def kill(self) -> None:
         self.calls.shutdown(self.actor.kill.remote(), "killing the server", [self.label])
+
+    def listens_on(self, port: int) -> bool:
+        """Asked where the server runs (the actor reads its own children's sockets); an actor that does not answer: no."""
+        try:
+            return bool(self.calls.get(self.actor.listens_on.remote(port), "server's socket", [self.label]))
+        except RunError:
+            return False
 
     def log_tail(self, n: int = 30) -> str:
         try:

@@ -19,6 +19,7 @@ from typing import Any, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from slime_hydra.config.redact import redact_override
 from slime_hydra.errors import ConfigError
 from slime_hydra.tracking.experiments import experiment_id
 
@@ -55,7 +56,7 @@ class MlflowSweepCallback(Callback):
         # creating the parent here also creates the store's tables once, before concurrent jobs open it
         client = _client(config)
         exp_id = experiment_id(client, config.logger.mlflow_experiment)
-        overrides = " ".join(config.hydra.overrides.task)
+        overrides = " ".join(map(redact_override, config.hydra.overrides.task))
         run = client.create_run(exp_id, run_name=f"sweep:{config.experiment_name}",
                                 tags={"sweep": "parent", "overrides": overrides or "(none)",
                                       "experiment_name": config.experiment_name})

@@ -1,7 +1,7 @@
 """The train backend of debug_rollout_only (slime's --debug-rollout-only): no trainer is built.
 
 No model copy, optimizer or reference: train_rollout trains nothing and logs no train/* metric, the KL and
-values the advantages may ask for are zeros, and a checkpoint gets no weights, only state.pt, whose trainer
+values the advantages may ask for are zeros, and a checkpoint gets no weights, only the state files, whose trainer
 state is MARKER so that a real run refuses to resume from it (the engine's build checks it).
 """
 
@@ -46,7 +46,7 @@ class NoTrain:
         pass  # a real run's trainer state: a rollout-only run generates from its weights and trains nothing
 
     def save_checkpoint(self, path: str) -> None:
-        pass  # state.pt holds MARKER: nothing of a trainer to write
+        pass  # the state holds MARKER: nothing of a trainer to write
 
     def load_checkpoint(self, path: str) -> None:
         pass

@@ -76,7 +76,8 @@ def test_rollout_only_dumps_and_builds_no_trainer(original, capfd):
     assert sorted(p.name for p in (tmp / "gen").iterdir()) == [f"rollout_00000{i}.jsonl" for i in range(3)]
     assert [s for s, _ in got] == [1, 2, 3] and not any(k.startswith("train/") for _, m in got for k in m)
     ckpt = out / "checkpoints" / "rollout_000002"
-    assert not list(ckpt.glob("*.safetensors")) and not list(ckpt.glob("*.bin"))  # no weights anywhere
+    weights = [p for p in ckpt.glob("*.safetensors") if p.name != "state.safetensors"]  # the state's RNG tensors aside
+    assert not weights and not list(ckpt.glob("*.bin"))  # no weights anywhere
     assert load_state(ckpt)["trainer"] == {"debug_rollout_only": True}
     _, rows = dump_rows(tmp / "gen" / "rollout_000002.jsonl")
     assert {r["weight_version"] for r in rows} == {0}  # never synced: every rollout from the initial weights

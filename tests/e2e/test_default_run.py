@@ -101,8 +101,8 @@ def test_resume_continues_the_same_metric_sequence(tmp_path):
     for (s, a), (_, b) in zip(h_full, h_res):
         keys = [k for k in a if not k.startswith(PERF)]
         assert {k: a[k] for k in keys} == {k: b[k] for k in keys}, f"rollout {s} differs after resume"
-    w_full = torch.load(full / "checkpoints" / "rollout_000005" / "state.pt", weights_only=False)["trainer"]["optimizer"]
-    w_res = torch.load(resumed / "checkpoints" / "rollout_000005" / "state.pt", weights_only=False)["trainer"]["optimizer"]
+    w_full = load_state(full / "checkpoints" / "rollout_000005")["trainer"]["optimizer"]
+    w_res = load_state(resumed / "checkpoints" / "rollout_000005")["trainer"]["optimizer"]
     for i in w_full["state"]:
         assert torch.equal(w_full["state"][i]["exp_avg"], w_res["state"][i]["exp_avg"])
 

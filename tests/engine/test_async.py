@@ -95,16 +95,15 @@ def test_killed_async_run_resumes_exactly(killed_and_resumed):
 
 @pytest.mark.integration
 def test_killed_async_run_consumes_every_prompt_exactly_once(killed_and_resumed):
-    import torch
-
     from slime_hydra.data.dataset import load_prompts
     from slime_hydra.data.source import PromptSource
+    from slime_hydra.engine.checkpoint import load_state
     from slime_hydra.models.build import build_tokenizer
 
     work = killed_and_resumed
-    at_checkpoint = torch.load(work / "run_ckpt" / "rollout_000003" / "state.pt", weights_only=False)
+    at_checkpoint = load_state(work / "run_ckpt" / "rollout_000003")
     assert len(at_checkpoint["buffer"]["groups"]) > 0 and len(at_checkpoint["async_ready"]) == 1  # what was resumed
-    final = torch.load(work / "run_ckpt" / "rollout_000009" / "state.pt", weights_only=False)
+    final = load_state(work / "run_ckpt" / "rollout_000009")
     served = final["buffer"]["source"]["next_group_index"]
     waiting = [g[0]["group_index"] for g in final["buffer"]["groups"]]
     groups = [(row[0], row[2]) for rows in trained(work / "run_rollouts").values() for row in rows[:: 4]]
@@ -121,10 +120,10 @@ def test_killed_async_run_consumes_every_prompt_exactly_once(killed_and_resumed)
 def test_async_rollout_rate_is_over_the_generation_time(killed_and_resumed):
     """A rollout generated ahead leaves only a wait in the step (perf/rollout_time_s), so its rate is over the
     worker's generation time: rate x perf/rollout_generate_s = the response tokens trained that rollout."""
-    import torch
+    from slime_hydra.engine.checkpoint import load_state
 
     work = killed_and_resumed
-    history = torch.load(work / "ref_ckpt" / "rollout_000009" / "state.pt", weights_only=False)["history"]
+    history = load_state(work / "ref_ckpt" / "rollout_000009")["history"]
     tokens = {}
     for f in sorted((work / "ref_rollouts").glob("*.jsonl")):
         rows = [json.loads(line) for line in f.read_text().splitlines()][1:]  # line 1: the dump's header

@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from slime_hydra.engine.checkpoint import CheckpointError, load_state, resolve_checkpoint, save_checkpoint
+from tests.support.crafted import crafted_state
 from tests.support.runs import FAST
 
 CLI = str(Path(sys.executable).parent / "slime-hydra")
@@ -197,6 +198,21 @@ def test_broken_checkpoint_named_directly_exits_2_naming_the_file(reference, tmp
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.integration
+def test_a_checkpoint_whose_state_runs_a_command_stops_the_run_before_it_runs(reference, tmp_path):
+    """A state.pt whose pickle runs `touch` (the manifest rewritten to match), in the newest checkpoint of a save root:
+    load=<save root> exits 2 naming the file, without falling back to an older checkpoint, and the command never ran."""
+    work, ref = reference
+    root, marker = tmp_path / "copy", tmp_path / "ran"
+    shutil.copytree(ref(), root)
+    bad = crafted_state(root / FINAL, marker)
+    proc = subprocess.run([CLI, *ARGS, f"hydra.run.dir={tmp_path}/run", f"load={root}", f"save={tmp_path}/s"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"error: {bad}: refused: its pickle asks to run code when loaded (" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not marker.exists()
+
+
 def mount_tmpfs(path: Path, size: int) -> bool:
     path.mkdir(parents=True, exist_ok=True)
     if shutil.which("mount") is None:
@@ -260,8 +276,8 @@ def test_every_file_is_fsynced_before_the_directory_is_renamed(tmp_path, monkeyp
     root = saved_root(tmp_path, ids=(4,))
     final, tmp = root / "rollout_000004", f"{root}/.rollout_000004.tmp-{os.getpid()}"
     manifest = json.loads((final / "manifest.json").read_text())
-    assert manifest == {"rollout_id": 4, "files": {"config.json": 9, "model.safetensors": 8 + 56 + 20 * 4, "state.pt":
-                                                   (final / "state.pt").stat().st_size}}
+    assert manifest == {"rollout_id": 4, "files": {"config.json": 9, "model.safetensors": 8 + 56 + 20 * 4,
+                                                   **{f: (final / f).stat().st_size for f in ("state.json", "state.safetensors")}}}
     rename = events.index(("replace", tmp, str(final)))
     synced_before = {e[1] for e in events[:rename] if e[0] == "fsync"}
     assert {f"{tmp}/{f}" for f in (*manifest["files"], "manifest.json")} | {tmp} <= synced_before
@@ -277,6 +293,8 @@ def test_save_root_skips_broken_checkpoints_with_a_warning(tmp_path, caplog):
     # 21 floats of 4 bytes: 8 + 56 + 84 = 148 bytes written
     os.truncate(root / "rollout_000005" / "model.safetensors", 50)
     (root / "rollout_000003" / "manifest.json").unlink()  # as written before manifests: the format checks alone
+    for f in ("state.json", "state.safetensors"):  # an older release's state.pt instead, cut short
+        (root / "rollout_000003" / f).unlink()
     (root / "rollout_000003" / "state.pt").write_bytes(b"PK\x03\x04 not a zip")
     with caplog.at_level(logging.WARNING):
         assert resolve_checkpoint(str(root)) == root / "rollout_000001"
@@ -364,7 +382,7 @@ def small_disk(tmp_path):
 
 @pytest.mark.parametrize("where", ["weights", "state", "injected"])
 def test_disk_full_in_process(tmp_path, small_disk, where):
-    """The second save does not fit: in the weights (safetensors' error), in state.pt (torch's zip writer's), or,
+    """The second save does not fit: in the weights (safetensors' error), in the state's tensors (the same), or,
     `injected`, an OSError(ENOSPC) raised by the writer itself after half its bytes (also where mount is refused)."""
     if small_disk is None and where != "injected":
         pytest.skip("mounting a tmpfs is not allowed here (not root)")

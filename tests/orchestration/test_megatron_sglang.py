@@ -146,7 +146,7 @@ def assert_engines_hold_rank0s_weights(cfg, c) -> None:
 
     named = list(c.trainer.named_weights())
     for e in c.rollout.group.engines:
-        assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)
+        assert W.check_equal(e.endpoint, named, cfg.model.dtype, 60) == len(named)
 
 
 # float32, unit roundoff u = 2^-24 = 6e-8. The layouts add the same terms in other orders: TP=2 each row-parallel matmul's
@@ -333,9 +333,9 @@ def test_killed_engine_actor_mid_rollout_loses_and_duplicates_nothing(disaggrega
     after = rank_update_groups(c.trainer.ranks[0])[0]
     assert before.startswith("slime_hydra_engine0_launch1_") and after.startswith("slime_hydra_engine0_launch2_"), (before, after)
     named = list(c.trainer.named_weights())
-    assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)
+    assert W.check_equal(e.endpoint, named, cfg.model.dtype, 60) == len(named)
     body = {"input_ids": [10, 11, 12], "sampling_params": {"max_new_tokens": 2}}
-    assert httpx.post(e.url + "/generate", json=body, timeout=60).json()["meta_info"]["weight_version"] == str(r.weight_version)
+    assert httpx.post(e.url + "/generate", json=body, headers=e.endpoint.headers, timeout=60).json()["meta_info"]["weight_version"] == str(r.weight_version)
 
 
 # Last: it syncs its own weights into the disaggregated fixture's engines (the kill test checks them against the TP=2 ranks')

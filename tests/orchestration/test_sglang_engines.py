@@ -75,7 +75,7 @@ def test_colocated_engine_gets_the_weights_from_the_rank_on_its_bundle(ray_head,
         assert isinstance(r._last_weights, RankWeights) and r._last_weights.engine_ranks == [[0]]
         named = list(c.trainer.named_weights())  # iterated: rank 0's, through the object store
         (e,) = r.group.engines
-        assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)
+        assert W.check_equal(e.endpoint, named, cfg.model.dtype, 60) == len(named)
     finally:
         c.rollout.shutdown()
         ray.shutdown()
@@ -142,7 +142,7 @@ def test_run_on_an_engine_actor_syncs_every_weight_update_equal(ray_run):
     assert [m["rollout/weight_version"] for _, m in history if "rollout/weight_version" in m] == [0.0, 1.0]
     assert r.weight_version == 2 and r.synced_version == 2  # two syncs, after rollouts 0 and 1
     named = list(c.trainer.named_weights())  # rank 0's, through the object store
-    assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)
+    assert W.check_equal(e.endpoint, named, cfg.model.dtype, 60) == len(named)
 
 
 def test_killed_server_is_relaunched_through_its_actor_and_resynced(ray_run):
@@ -175,9 +175,9 @@ def test_killed_server_is_relaunched_through_its_actor_and_resynced(ray_run):
     assert after.startswith("slime_hydra_engine0_launch2_") and before.startswith("slime_hydra_engine0_launch1_"), (before, after)
     assert r._groups == {}
     named = list(c.trainer.named_weights())
-    assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)  # resynced before it served again
+    assert W.check_equal(e.endpoint, named, cfg.model.dtype, 60) == len(named)  # resynced before it served again
     body = {"input_ids": [10, 11, 12], "sampling_params": {"max_new_tokens": 2}}
-    assert httpx.post(e.url + "/generate", json=body, timeout=60).json()["meta_info"]["weight_version"] == str(r.weight_version)
+    assert httpx.post(e.url + "/generate", json=body, headers=e.endpoint.headers, timeout=60).json()["meta_info"]["weight_version"] == str(r.weight_version)
 
 
 def test_shutdown_leaves_no_server_process(ray_run):

@@ -1,7 +1,8 @@
 """Real servers on loopback for the tests, each started once per test session and shared by every module.
 
 - `mlflow_server`: `mlflow server` on a free port, sqlite store, one worker, proxied artifacts.
-- `ray_head`: `ray start --head --block` with the dashboard (job submission) and 16 logical CPUs, its own temp dir.
+- `ray_head`: `ray start --head --block` with the dashboard (job submission) and 16 logical CPUs, its own temp dir,
+  token auth (the session's token, tests/conftest.py) and every server on 127.0.0.1.
   Modules join it with `ray.init(address=..., namespace=<module>)`; a module that needs a cluster of its own
   shape gets a namespace and its own placement groups on this one, not a new head.
 
@@ -51,13 +52,13 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float, headers: dict | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
-            with urllib.request.urlopen(url, timeout=2) as r:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=2) as r:
                 if r.status == 200:
                     return
         except OSError:
@@ -203,9 +204,11 @@ def _start_ray_head() -> dict:
             "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
             "--temp-dir", temp, "--disable-usage-stats", *[x for kv in ports.items() for x in kv]]
     log = Path(temp) / "ray_start.log"
-    proc = _start(args, log, env={"RAY_TMPDIR": temp, "RAY_AUTH_MODE": "disabled"})
+    # token auth (the session's RAY_AUTH_TOKEN, inherited) and every server on the loopback, as conftest.py sets
+    proc = _start(args, log, env={"RAY_TMPDIR": temp, "RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
     try:
-        _wait_http(f"http://127.0.0.1:{dash}/api/version", proc, log, timeout=180)
+        _wait_http(f"http://127.0.0.1:{dash}/api/version", proc, log, timeout=180,
+                   headers={"Authorization": f"Bearer {os.environ['RAY_AUTH_TOKEN']}"})  # the dashboard asks for it too
         # jobs go through the head node's dashboard agent, which comes up later ("No available agent to submit job")
         _wait_port(int(ports["--dashboard-agent-listen-port"]), proc, log, timeout=180)
     except BaseException:

@@ -85,13 +85,13 @@ class SGLangRollout:
         t0 = time.perf_counter()
         with starting():
             self.group.start()
-            self.client = RouterClient(self.group.router_url, cfg.sglang_server_concurrency * num_engines,
+            self.client = RouterClient(self.group.router_endpoint, cfg.sglang_server_concurrency * num_engines,
                                        cfg.sglang_request_timeout_s, cfg.sglang_max_retries, cfg.sglang_retry_backoff_s)
             self._wait_router()
             if self.offload:
                 self.release_memory()  # the engines hold their KV cache only while they generate
         self.start_time_s = time.perf_counter() - t0
-        self.engine_memory = server_memory(self.group.engines[0].url, 30.0)  # engine 0's; the others alike
+        self.engine_memory = server_memory(self.group.engines[0].endpoint, 30.0)  # engine 0's; the others alike
         if cfg.use_fault_tolerance:
             self.group.start_monitor(cfg.rollout_health_check_interval, cfg.rollout_health_check_first_wait,
                                      cfg.rollout_health_check_max_failures, self._resync)
@@ -99,7 +99,7 @@ class SGLangRollout:
     def _wait_router(self) -> None:
         body = {"input_ids": [self.tokenizer.eos_token_id], "sampling_params": {"max_new_tokens": 1}}
         try:
-            wait_routed(self.group.router_url, body, self.cfg.sglang_server_start_timeout_s, self.group.log_dir / "router.log")
+            wait_routed(self.group.router_endpoint, body, self.cfg.sglang_server_start_timeout_s, self.group.log_dir / "router.log")
         except BaseException:
             self.shutdown()
             raise
@@ -154,7 +154,7 @@ class SGLangRollout:
         self._aborted = True
         for e in self.group.engines:
             try:
-                httpx.post(e.url + "/abort_request", json={"abort_all": True}, timeout=10)
+                httpx.post(e.url + "/abort_request", json={"abort_all": True}, headers=e.endpoint.headers, timeout=10)
             except httpx.HTTPError as exc:
                 log.warning("abort on sglang engine %d failed: %s", e.index, exc)
 
@@ -183,7 +183,7 @@ class SGLangRollout:
         if self.cfg.check_weight_update_equal:
             for e in self.group.engines:
                 if e.healthy.is_set():
-                    source.check_equal(e.index, e.url, self.dtype, self.cfg.sglang_request_timeout_s)
+                    source.check_equal(e.index, e.endpoint, self.dtype, self.cfg.sglang_request_timeout_s)
         if self.keep_on_host:
             with self._sync_lock:
                 self._last_weights = source.to_host()
@@ -202,22 +202,22 @@ class SGLangRollout:
     def _sync_engine(self, e: Engine, source: S.Sender, version: int) -> int:
         """-> the number of weight-update requests the engine got (buckets; 1 from disk)."""
         timeout = self.cfg.sglang_request_timeout_s
-        paused = W.post(e.url, "/pause_generation", {}, timeout).status_code == 200
+        paused = W.post(e.endpoint, "/pause_generation", {}, timeout).status_code == 200
         try:
             if self.mode == "tensor":
-                n = source.send(e.index, e.url, version, self.tp_size, self.cfg.update_weight_buffer_size, self.dtype, timeout)
+                n = source.send(e.index, e.endpoint, version, self.tp_size, self.cfg.update_weight_buffer_size, self.dtype, timeout)
             elif self.mode == "distributed":
-                n = source.broadcast(e.index, e.url, e.launches, version, self.tp_size, self.cfg.update_weight_buffer_size,
+                n = source.broadcast(e.index, e.endpoint, e.launches, version, self.tp_size, self.cfg.update_weight_buffer_size,
                                      self.dtype, timeout)
             else:
-                n = W.update_from_disk(e.url, self._last_disk, version, timeout)
+                n = W.update_from_disk(e.endpoint, self._last_disk, version, timeout)
             if self.mode != "disk":  # update_weights_from_disk flushes itself
-                r = W.post(e.url, "/flush_cache", {}, timeout)
+                r = W.post(e.endpoint, "/flush_cache", {}, timeout)
                 if r.status_code != 200:  # the next prefill recomputes; only the radix cache is stale
                     log.warning("sglang engine %d: flush_cache after a weight update answered %d", e.index, r.status_code)
         finally:
             if paused:
-                W.post(e.url, "/continue_generation", {}, timeout)
+                W.post(e.endpoint, "/continue_generation", {}, timeout)
         return n
 
     def _restore_weights(self) -> None:
@@ -231,7 +231,7 @@ class SGLangRollout:
                 if self.synced_version is not None:
                     self._sync_engine(e, self._last_weights, self.synced_version)
                 else:  # nothing synced yet: the weights the engine started from
-                    W.update_from_disk(e.url, self.init_dir, 0, self.cfg.sglang_request_timeout_s)
+                    W.update_from_disk(e.endpoint, self.init_dir, 0, self.cfg.sglang_request_timeout_s)
             self._weights_lost = False
 
     def _resync(self, e: Engine) -> None:
@@ -250,14 +250,14 @@ class SGLangRollout:
                 self._said_cpu = True
             return
         for e in self.group.engines:
-            W.ok(W.post(e.url, "/release_memory_occupation", {"tags": list(tags)}, self.cfg.sglang_request_timeout_s),
+            W.ok(W.post(e.endpoint, "/release_memory_occupation", {"tags": list(tags)}, self.cfg.sglang_request_timeout_s),
                  "release_memory_occupation")
         self._released = tuple(tags)
         self._weights_lost |= "weights" in tags
 
     def resume_memory(self) -> None:
         for e in self.group.engines:
-            W.ok(W.post(e.url, "/resume_memory_occupation", {"tags": list(self._released)}, self.cfg.sglang_request_timeout_s),
+            W.ok(W.post(e.endpoint, "/resume_memory_occupation", {"tags": list(self._released)}, self.cfg.sglang_request_timeout_s),
                  "resume_memory_occupation")
         self._released = ()
 

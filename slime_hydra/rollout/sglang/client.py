@@ -15,6 +15,7 @@ from typing import Optional
 import httpx
 
 from slime_hydra.errors import RunError
+from slime_hydra.rollout.sglang.endpoint import Endpoint
 from slime_hydra.types import SamplingParams
 
 
@@ -56,8 +57,8 @@ def parse(body: dict) -> Generated:
 
 
 class RouterClient:
-    def __init__(self, url: str, concurrency: int, timeout_s: float, max_retries: int, backoff_s: float):
-        self.url, self.concurrency = url, concurrency
+    def __init__(self, router: Endpoint, concurrency: int, timeout_s: float, max_retries: int, backoff_s: float):
+        self.router, self.url, self.concurrency = router, router.url, concurrency
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
         self.retried = 0  # requests sent again (transport errors, 5xx, stale weights)
 
@@ -75,7 +76,8 @@ class RouterClient:
                 return [Generated([], [], "abort", want_version) for _ in input_ids]
             try:
                 async with sem:
-                    r = await client.post(self.url + "/generate", json=payload, timeout=self.timeout_s)
+                    r = await client.post(self.url + "/generate", json=payload, headers=self.router.headers,
+                                          timeout=self.timeout_s)
             except httpx.HTTPError as e:
                 last = f"{type(e).__name__}: {e}"
                 continue

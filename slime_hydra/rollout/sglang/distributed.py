@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 
 from slime_hydra.rollout.sglang import weights as W
+from slime_hydra.rollout.sglang.endpoint import Endpoint
 from slime_hydra.rollout.sglang.process import free_port
 
 _OPENED = itertools.count()  # groups opened by this process
@@ -51,7 +52,7 @@ def open_rank0_group(backend: str, port: int, world_size: int, group_name: str, 
     return pg
 
 
-def _post_in_thread(url: str, path: str, body: dict, timeout: float) -> tuple[threading.Thread, dict]:
+def _post_in_thread(url: Endpoint, path: str, body: dict, timeout: float) -> tuple[threading.Thread, dict]:
     out: dict = {}
 
     def go() -> None:
@@ -77,7 +78,7 @@ def _result(t: threading.Thread, out: dict, what: str, timeout: float) -> dict:
 class UpdateGroup:
     """This process (rank 0) and one engine's tp ranks; `send` pushes named tensors to the engine."""
 
-    def __init__(self, url: str, tp_size: int, backend: str, timeout_s: float, name: str):
+    def __init__(self, url: Endpoint, tp_size: int, backend: str, timeout_s: float, name: str):
         self.url, self.tp_size, self.backend, self.timeout_s, self.name = url, tp_size, backend, timeout_s, name
         self.device = "cpu" if backend == "gloo" else "cuda"
         self.pg, self.pg_name = None, ""
@@ -148,7 +149,7 @@ def group_backend(device_type: str) -> str:
     return "gloo" if device_type == "cpu" else "nccl"
 
 
-def new_group(url: str, engine_index: int, launch: int, tp_size: int, device_type: str, timeout_s: float,
+def new_group(url: Endpoint, engine_index: int, launch: int, tp_size: int, device_type: str, timeout_s: float,
               old: Optional[UpdateGroup] = None) -> UpdateGroup:
     """The engine's group for this launch (a relaunched engine has none of the old one's state)."""
     name = f"slime_hydra_engine{engine_index}_launch{launch}"
@@ -167,7 +168,7 @@ class UpdateGroups:
         self.groups: dict[int, UpdateGroup] = {}
         self._lock = threading.Lock()
 
-    def send(self, engine: int, url: str, launch: int, named_tensors: list[tuple[str, torch.Tensor]], version: int,
+    def send(self, engine: int, url: Endpoint, launch: int, named_tensors: list[tuple[str, torch.Tensor]], version: int,
              tp_size: int, buffer_bytes: int, dtype: str, timeout: float) -> int:
         """All buckets to engine `engine` at `url` (paused by the caller) -> the number of requests."""
         with self._lock:

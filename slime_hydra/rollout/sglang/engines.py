@@ -12,6 +12,11 @@ Where a server process runs is the launcher's business (`Launcher`): `LocalLaunc
 child of this process; under `cluster.backend=ray` the orchestration floor's launcher starts it inside a
 Ray actor on the engine's bundle and hands back a handle with the same methods. Either way the engine
 has a URL, and everything else (router, generation, weight sync, health checks, restarts) goes over HTTP.
+
+The engines and the router run with this run's API key (endpoint.py) and are launched through keyed.py, so the key
+is on no command line. A server counts as up once /health answers (without the key) and the socket on its port
+belongs to the process that was started: a process that took the port first is an error naming it, and is sent
+nothing else.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any, Callable, Optional, Protocol
 import httpx
 
 from slime_hydra.errors import RunError
+from slime_hydra.rollout.sglang.endpoint import KEY_ENV, Endpoint, new_key
 from slime_hydra.rollout.sglang.process import ManagedProcess, free_port
 from slime_hydra.rollout.sglang.server_args import to_argv
 
@@ -56,6 +62,9 @@ class ServerProcess(Protocol):
     def kill(self) -> None: ...
 
     def log_tail(self, n: int = 30) -> str: ...
+
+    def listens_on(self, port: int) -> bool:
+        """Whether the socket listening on `port` is this server's own."""
 
 
 # argv(host, port): the server's command line once the launcher knows where it listens
@@ -103,11 +112,16 @@ class Engine:
     failures: int = 0
     restarts: int = 0
     launches: int = 0
-    env: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict, repr=False)  # holds the key (KEY_ENV) and rollout.sglang_env's secrets
+    key: str = field(default="", repr=False)  # this run's API key (the server gets it in env[KEY_ENV])
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self.url, self.key)
 
     def launch(self) -> None:
         self.healthy.clear()
@@ -123,12 +137,12 @@ def ping(url: str, path: str = "/health", timeout: float = 5.0) -> bool:
         return False
 
 
-def server_memory(url: str, timeout: float) -> dict[str, float]:
+def server_memory(endpoint: Endpoint, timeout: float) -> dict[str, float]:
     """What an engine says it holds (its /server_info memory_usage, SGLang >= 0.5: GiB): the `perf/engine_*` figures
     `slime-hydra plan` predicts (weights, KV cache, CUDA graphs, the free memory it was sized from); {} if it does not."""
     for path in ("/server_info", "/get_server_info"):
         try:
-            r = httpx.get(url + path, timeout=timeout)
+            r = httpx.get(endpoint.url + path, headers=endpoint.headers, timeout=timeout)
             usage = r.json()["internal_states"][0]["memory_usage"] if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
             usage = None
@@ -143,40 +157,57 @@ def server_memory(url: str, timeout: float) -> dict[str, float]:
 
 
 def wait_healthy(proc: ServerProcess, url: str, timeout_s: float, what: str) -> None:
+    """/health answered (no key sent) by `proc` itself; a process that took its port first is an EngineStartError."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not proc.alive():
             raise EngineStartError(f"{what} exited with code {proc.returncode} while starting; log {proc.log_path}:\n"
                                    f"{proc.log_tail()}")
         if ping(url):
+            if not proc.listens_on(port_of(url)):
+                raise EngineStartError(squatted(what, url, proc.pid))
             return
         time.sleep(0.5)
     raise EngineStartError(f"{what} did not answer {url}/health within {timeout_s:.0f} s (raise "
                            f"rollout.sglang_server_start_timeout_s); log {proc.log_path}:\n{proc.log_tail()}")
 
 
-def wait_routed(router_url: str, body: dict[str, Any], timeout_s: float, log_path: Path) -> None:
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def squatted(what: str, url: str, pid: Optional[int]) -> str:
+    return (f"{what}: {url}/health was answered by a process this run did not start: the socket on port {port_of(url)} "
+            f"is not the server's (pid {pid}). Another process took the port before the server could listen on it (on "
+            "a shared node, another user's); nothing else was sent to it. Stop that process, or run again (each start "
+            "picks free ports)")
+
+
+def wait_routed(router: Endpoint, body: dict[str, Any], timeout_s: float, log_path: Path) -> None:
     """The router answers /health before it routes: its first /generate can be 503 no_available_workers, or hang
     in front of an engine that is up but does not generate. One deadline for all of it: the start timeout's."""
     deadline = time.monotonic() + timeout_s
     last = "no answer yet"
     while (left := deadline - time.monotonic()) > 0:
         try:
-            r = httpx.post(router_url + "/generate", json=body, timeout=min(30.0, max(left, 0.1)))
+            r = httpx.post(router.url + "/generate", json=body, headers=router.headers, timeout=min(30.0, max(left, 0.1)))
             if r.status_code == 200:
                 return
             last = f"HTTP {r.status_code} {r.text[:200]}"
         except httpx.HTTPError as e:
             last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
-    raise EngineStartError(f"sglang-router at {router_url} did not route its first request within {timeout_s:g} s "
+    raise EngineStartError(f"sglang-router at {router.url} did not route its first request within {timeout_s:g} s "
                            f"({last}; raise rollout.sglang_server_start_timeout_s if the engines are only slow); "
                            f"log {log_path}")
 
 
+KEYED = [sys.executable, "-m", "slime_hydra.rollout.sglang.keyed"]  # the key: from the environment, not argv
+
+
 def engine_argv(model_path: str, tp_size: int, seed: int, options: dict[str, Any], host: str, port: int) -> list[str]:
     """(The interpreter is the one running this: under Ray, the engine actor's, the same environment.)"""
-    return [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--tp-size", str(tp_size),
+    return [*KEYED, "sglang.launch_server", "--model-path", model_path, "--tp-size", str(tp_size),
             "--host", host, "--port", str(port), "--random-seed", str(seed), *to_argv(options)]
 
 
@@ -186,9 +217,10 @@ class EngineGroup:
                  env: dict[str, str] | None = None, launcher: Optional[Launcher] = None):
         self.log_dir, self.start_timeout_s = Path(log_dir), start_timeout_s
         self.launcher: Launcher = launcher if launcher is not None else LocalLauncher()
-        env = {k: str(v) for k, v in (env or {}).items()}
+        self.key = new_key()  # one per run: the engines and the router
+        env = {k: str(v) for k, v in (env or {}).items()} | {KEY_ENV: self.key}
         self.engines = [Engine(i, partial(engine_argv, model_path, tp_size, seed + i, options), self.log_dir / f"engine_{i}.log",
-                               self.launcher, env=dict(env)) for i in range(num_engines)]
+                               self.launcher, env=dict(env), key=self.key) for i in range(num_engines)]
         self.router_policy, self.router_options = router_policy, dict(router_options)
         self.router_port: Optional[int] = None
         self.router: Optional[ManagedProcess] = None
@@ -199,6 +231,10 @@ class EngineGroup:
     def router_url(self) -> str:
         return f"http://127.0.0.1:{self.router_port}"
 
+    @property
+    def router_endpoint(self) -> Endpoint:
+        return Endpoint(self.router_url, self.key)
+
     def _router_argv(self) -> list[str]:
         """The router runs here, in front of the engines' URLs (known once they are launched)."""
         ports = {e.port for e in self.engines}
@@ -207,7 +243,7 @@ class EngineGroup:
         # (another test, a benchmark) then fails to start its router; a free loopback port unless the user set one
         options = {"prometheus_port": free_port(ports | {self.router_port}), "prometheus_host": "127.0.0.1",
                    **self.router_options}
-        return [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *[e.url for e in self.engines],
+        return [*KEYED, "sglang_router.launch_router", "--worker-urls", *[e.url for e in self.engines],
                 "--host", "127.0.0.1", "--port", str(self.router_port), "--policy", self.router_policy, *to_argv(options)]
 
     def start(self) -> None:
@@ -219,7 +255,8 @@ class EngineGroup:
                 wait_healthy(e.process, e.url, self.start_timeout_s, f"SGLang engine {e.index}")
                 e.ever_healthy = True
                 e.healthy.set()
-            self.router = ManagedProcess("sglang-router", self._router_argv(), self.log_dir / "router.log").start()
+            self.router = ManagedProcess("sglang-router", self._router_argv(), self.log_dir / "router.log",
+                                         {KEY_ENV: self.key}).start()
             wait_healthy(self.router, self.router_url, self.start_timeout_s, "sglang-router")
         except BaseException:
             self.shutdown()
@@ -240,10 +277,10 @@ class EngineGroup:
     def _check(self, e: Engine, first_wait_s: float, max_failures: int, on_restart: Callable[[Engine], None]) -> None:
         dead = not e.process.alive()
         if not dead and not e.ever_healthy and time.monotonic() - e.launched_at < first_wait_s:
-            if ping(e.url):  # still inside the first wait: only watch for the first /health
+            if self._answers_itself(e):  # still inside the first wait: only watch for the first /health
                 self._serve_again(e, on_restart)
             return
-        if not dead and ping(e.url):
+        if not dead and (ping(e.url) if e.ever_healthy else self._answers_itself(e)):
             e.failures = 0
             if not e.ever_healthy:
                 self._serve_again(e, on_restart)
@@ -256,6 +293,17 @@ class EngineGroup:
             e.process.stop(grace_s=2.0)
             e.restarts += 1
             e.launch()
+
+    @staticmethod
+    def _answers_itself(e: Engine) -> bool:
+        """A relaunched engine's /health, from its own process (its port was free while it was down): only then does it
+        get the weights, and the key with them."""
+        if not ping(e.url):
+            return False
+        if e.process.listens_on(e.port):
+            return True
+        log.warning("%s", squatted(f"sglang engine {e.index} (relaunched)", e.url, e.process.pid))
+        return False
 
     def _serve_again(self, e: Engine, on_restart: Callable[[Engine], None]) -> None:
         e.ever_healthy = True

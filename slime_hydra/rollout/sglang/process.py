@@ -18,6 +18,8 @@ import time
 import weakref
 from pathlib import Path
 
+from slime_hydra.config.redact import redact_argv
+
 _LIVE: "weakref.WeakSet[ManagedProcess]" = weakref.WeakSet()
 
 
@@ -48,7 +50,7 @@ class ManagedProcess:
     def start(self) -> "ManagedProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        log.write(f"\n=== {time.strftime('%H:%M:%S')} start: {' '.join(self.argv)}\n".encode())
+        log.write(f"\n=== {time.strftime('%H:%M:%S')} start: {' '.join(redact_argv(self.argv))}\n".encode())
         log.flush()
         self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=self.env, preexec_fn=_die_with_parent)
@@ -87,6 +89,11 @@ class ManagedProcess:
                 continue
         _LIVE.discard(self)
 
+    def listens_on(self, port: int) -> bool:
+        """Whether the socket listening on `port` belongs to this process's group (the server that was started, not
+        another process that took its port)."""
+        return self.proc is not None and group_holds(self.proc.pid, listening_sockets(port))
+
     def kill(self) -> None:
         """SIGKILL the whole group at once (what a crash looks like)."""
         if self.proc is not None:
@@ -104,6 +111,38 @@ class ManagedProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
+
+
+def listening_sockets(port: int) -> set[str]:
+    """The sockets listening on TCP `port` on any address, as /proc/<pid>/fd links name them ("socket:[inode]")."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()  # sl local_address rem_address st ... inode
+            if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                found.add(f"socket:[{cols[9]}]")
+    return found
+
+
+def group_holds(pgid: int, sockets: set[str]) -> bool:
+    """Whether a process of group `pgid` (a child started in its own session: pgid = its pid) has one of `sockets`."""
+    if not sockets:
+        return False
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(d.name)) != pgid:
+                continue
+            if any(os.readlink(fd) in sockets for fd in (d / "fd").iterdir()):
+                return True
+        except OSError:  # gone meanwhile
+            continue
+    return False
 
 
 def _group_alive(pgid: int) -> bool:

@@ -24,12 +24,15 @@ RUNNER_KEYS = {
     "port": "ports are picked free by the runner, one per engine",
     "host": "engines listen on 127.0.0.1 behind the router",
     "random_seed": "set seed (each engine gets seed + its index)",
+    "api_key": "each run gives its engines a random key of its own, which every client sends (docs/security.md)",
+    "admin_api_key": "each run gives its engines a random key of its own, which every client sends (docs/security.md)",
 }
 ROUTER_RUNNER_KEYS = {
     "worker_urls": "the runner passes the engines it started",
     "host": "the router listens on 127.0.0.1",
     "port": "the router port is picked free by the runner",
     "policy": "set rollout.sglang_router_policy",
+    "api_key": "each run gives its router a random key of its own, which every client sends (docs/security.md)",
 }
 
 

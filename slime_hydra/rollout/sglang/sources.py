@@ -19,6 +19,7 @@ from slime_hydra.protocols import Route
 from slime_hydra.rollout.sglang import distributed as D
 from slime_hydra.rollout.sglang import weights as W
 from slime_hydra.rollout.sglang.checks import weight_sync_mode
+from slime_hydra.rollout.sglang.endpoint import Endpoint
 
 
 class Sender(Protocol):
@@ -29,17 +30,17 @@ class Sender(Protocol):
         a snapshot did it already."""
         ...
 
-    def send(self, engine: int, url: str, version: int, tp_size: int, buffer_bytes: int, dtype: str, timeout: float) -> int:
+    def send(self, engine: int, url: Endpoint, version: int, tp_size: int, buffer_bytes: int, dtype: str, timeout: float) -> int:
         """Engine `engine` at `url` (paused by the caller) gets every bucket as tensor handles; -> the number of requests."""
         ...
 
-    def broadcast(self, engine: int, url: str, launch: int, version: int, tp_size: int, buffer_bytes: int, dtype: str,
+    def broadcast(self, engine: int, url: Endpoint, launch: int, version: int, tp_size: int, buffer_bytes: int, dtype: str,
                   timeout: float) -> int:
         """Engine `engine` at `url` (paused; its `launch`-th server) gets every bucket over its update group, opened by
         whoever holds the tensors (a new group for a new launch); -> the number of requests."""
         ...
 
-    def check_equal(self, engine: int, url: str, dtype: str, timeout: float) -> int:
+    def check_equal(self, engine: int, url: Endpoint, dtype: str, timeout: float) -> int:
         """check_equal against the engine, where the tensors are; -> the number of tensors compared."""
         ...
 
@@ -69,14 +70,14 @@ class LocalTensors:
     def stage(self) -> None:
         pass  # they are here
 
-    def send(self, engine: int, url: str, version: int, tp_size: int, buffer_bytes: int, dtype: str, timeout: float) -> int:
+    def send(self, engine: int, url: Endpoint, version: int, tp_size: int, buffer_bytes: int, dtype: str, timeout: float) -> int:
         return W.update_from_tensors(url, self.tensors, version, tp_size, buffer_bytes, dtype, timeout)
 
-    def broadcast(self, engine: int, url: str, launch: int, version: int, tp_size: int, buffer_bytes: int, dtype: str,
+    def broadcast(self, engine: int, url: Endpoint, launch: int, version: int, tp_size: int, buffer_bytes: int, dtype: str,
                   timeout: float) -> int:
         return self.groups.send(engine, url, launch, self.tensors, version, tp_size, buffer_bytes, dtype, timeout)
 
-    def check_equal(self, engine: int, url: str, dtype: str, timeout: float) -> int:
+    def check_equal(self, engine: int, url: Endpoint, dtype: str, timeout: float) -> int:
         return W.check_equal(url, self.tensors, dtype, timeout)
 
     def to_host(self) -> "LocalTensors":

@@ -14,6 +14,7 @@ Where the tensors are serialised (here, or in colocated train ranks under Ray, w
 update_from_payloads) is the choice of the weights' sources.Sender.
 From disk: a safetensors file beside the engine's config, then /update_weights_from_disk.
 Over a distributed update group (disaggregated engines): `distributed`.
+Every request carries the engine's key (an endpoint.Endpoint: its URL in messages, never the key).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import httpx
 import torch
 
 from slime_hydra.errors import RunError
+from slime_hydra.rollout.sglang.endpoint import Endpoint
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -55,11 +57,11 @@ def buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], max_bytes: int,
         yield bucket
 
 
-def post(url: str, path: str, payload: dict | None = None, timeout: float = 600.0) -> httpx.Response:
+def post(engine: Endpoint, path: str, payload: dict | None = None, timeout: float = 600.0) -> httpx.Response:
     try:
-        return httpx.post(url + path, json=payload or {}, timeout=timeout)
+        return httpx.post(engine.url + path, json=payload or {}, headers=engine.headers, timeout=timeout)
     except httpx.TimeoutException as e:
-        raise WeightSyncError(f"POST {url}{path}: no answer within {timeout:g} s ({type(e).__name__}); the engine is "
+        raise WeightSyncError(f"POST {engine.url}{path}: no answer within {timeout:g} s ({type(e).__name__}); the engine is "
                               "stuck or overloaded: raise rollout.sglang_request_timeout_s if it is only slow, and "
                               "resume from the last checkpoint") from None
 
@@ -117,30 +119,30 @@ def serialize_bucket(bucket: list[tuple[str, torch.Tensor]], dtype: torch.dtype)
         return MultiprocessingSerializer.serialize(tensors, output_str=True), None, tensors
 
 
-def has_endpoint(url: str, path: str, timeout: float) -> bool:
-    r = post(url, path, {}, timeout)
+def has_endpoint(engine: Endpoint, path: str, timeout: float) -> bool:
+    r = post(engine, path, {}, timeout)
     if r.status_code == 404:
         return False
     ok(r, path)
     return True
 
 
-def update_from_payloads(url: str, payloads: Iterable[tuple[list[str], Optional[str]]], version: int, timeout: float) -> int:
+def update_from_payloads(engine: Endpoint, payloads: Iterable[tuple[list[str], Optional[str]]], version: int, timeout: float) -> int:
     """Post each bucket's payloads (one per engine TP rank, from serialize_bucket) to /update_weights_from_tensor,
     inside /begin_weight_update ... /end_weight_update where the release has them; -> the number of requests. A
     bucket's tensors must stay alive until its request returned: `payloads` yields the next one only then."""
-    session = has_endpoint(url, "/begin_weight_update", timeout)
+    session = has_endpoint(engine, "/begin_weight_update", timeout)
     n = 0
     try:
         for parts, load_format in payloads:
             body = {"serialized_named_tensors": parts, "flush_cache": False, "weight_version": str(version)}
             if load_format:
                 body["load_format"] = load_format
-            ok(post(url, "/update_weights_from_tensor", body, timeout), "update_weights_from_tensor")
+            ok(post(engine, "/update_weights_from_tensor", body, timeout), "update_weights_from_tensor")
             n += 1
     finally:
         if session:
-            ok(post(url, "/end_weight_update", {}, timeout), "end_weight_update")
+            ok(post(engine, "/end_weight_update", {}, timeout), "end_weight_update")
     return n
 
 
@@ -153,10 +155,10 @@ def local_payloads(named_tensors: list[tuple[str, torch.Tensor]], tp_size: int, 
         del keep
 
 
-def update_from_tensors(url: str, named_tensors: list[tuple[str, torch.Tensor]], version: int, tp_size: int,
+def update_from_tensors(engine: Endpoint, named_tensors: list[tuple[str, torch.Tensor]], version: int, tp_size: int,
                         buffer_bytes: int, dtype: str, timeout: float) -> int:
     """All buckets to one engine; returns the number of /update_weights_from_tensor requests (= buckets)."""
-    return update_from_payloads(url, local_payloads(named_tensors, tp_size, buffer_bytes, dtype), version, timeout)
+    return update_from_payloads(engine, local_payloads(named_tensors, tp_size, buffer_bytes, dtype), version, timeout)
 
 
 def write_checkpoint(named_tensors: list[tuple[str, torch.Tensor]], init_dir: Path, out_dir: Path, dtype: str) -> Path:
@@ -173,9 +175,9 @@ def write_checkpoint(named_tensors: list[tuple[str, torch.Tensor]], init_dir: Pa
     return out_dir
 
 
-def update_from_disk(url: str, path: Path, version: int, timeout: float) -> int:
+def update_from_disk(engine: Endpoint, path: Path, version: int, timeout: float) -> int:
     """The engine reloads `path` (written by write_checkpoint, already in its dtype); one request."""
-    ok(post(url, "/update_weights_from_disk", {"model_path": str(path), "weight_version": str(version), "flush_cache": True},
+    ok(post(engine, "/update_weights_from_disk", {"model_path": str(path), "weight_version": str(version), "flush_cache": True},
             timeout), "update_weights_from_disk")
     return 1
 
@@ -202,13 +204,13 @@ def engine_layout(named_tensors: list[tuple[str, torch.Tensor]], engine_names) -
     return [(n, t) for n, t in named_tensors if n not in used] + fused
 
 
-def check_equal(url: str, named_tensors: list[tuple[str, torch.Tensor]], dtype: str, timeout: float) -> int:
+def check_equal(engine: Endpoint, named_tensors: list[tuple[str, torch.Tensor]], dtype: str, timeout: float) -> int:
     """Compare the engine's weights with the trainer's, tensor by tensor; returns how many were compared.
 
     /weights_checker (sglang >= 0.5.2x) returns a hash per tensor, computed with sglang's own
     `tensor_hash` over the engine's bytes; the same function over the trainer's tensor (cast to the
     engine's dtype) must give the same hash. Older releases: /get_weights_by_name (first values)."""
-    r = post(url, "/weights_checker", {"action": "checksum"}, timeout)
+    r = post(engine, "/weights_checker", {"action": "checksum"}, timeout)
     if r.status_code != 404:
         from sglang.srt.managers.mm_utils import tensor_hash
 
@@ -228,15 +230,15 @@ def check_equal(url: str, named_tensors: list[tuple[str, torch.Tensor]], dtype: 
         bad = [n for n, t in named_tensors if n in engine and not same(n, t)]
         missing = [n for n, _ in named_tensors if n not in engine]
         if bad or missing:
-            raise WeightSyncError(f"check_weight_update_equal: {url} differs from the trainer in {bad[:5]} "
+            raise WeightSyncError(f"check_weight_update_equal: {engine} differs from the trainer in {bad[:5]} "
                                   f"({len(bad)} tensors) and lacks {missing[:5]} ({len(missing)})")
         return len(named_tensors)
     for n, t in named_tensors:
-        r = post(url, "/get_weights_by_name", {"name": n, "truncate_size": 64}, timeout)
+        r = post(engine, "/get_weights_by_name", {"name": n, "truncate_size": 64}, timeout)
         if r.status_code != 200:
-            raise WeightSyncError(f"check_weight_update_equal: get_weights_by_name({n}) on {url}: HTTP {r.status_code} {r.text[:300]}")
+            raise WeightSyncError(f"check_weight_update_equal: get_weights_by_name({n}) on {engine}: HTTP {r.status_code} {r.text[:300]}")
         got = r.json()
         want = t.detach().to(DTYPES[dtype]).float().flatten()[: torch.tensor(got).numel()].cpu()
         if not torch.allclose(torch.tensor(got, dtype=torch.float32).flatten()[: want.numel()], want):
-            raise WeightSyncError(f"check_weight_update_equal: {url} differs from the trainer in {n}")
+            raise WeightSyncError(f"check_weight_update_equal: {engine} differs from the trainer in {n}")
     return len(named_tensors)

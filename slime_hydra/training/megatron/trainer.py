@@ -8,7 +8,7 @@ micro-batch loss is the torch backend's (training/policy_loss.py: PPO-clip / GSP
 aggregation) over the whole step's denominator; only the log-probs differ in how they are computed (vocab-parallel).
 Checkpoints: `save_checkpoint` / `load_checkpoint` write and read megatron's distributed format (checkpoint.py; any
 TP/PP layout); the engine's save/load go through them (TrainBackend.save_checkpoint: `<ckpt>/megatron/` beside the HF
-weights; state_dict is None: nothing of the trainer in state.pt). Given a CriticSpec (ppo) the backend owns a critic
+weights; state_dict is None: nothing of the trainer in the state files). Given a CriticSpec (ppo) the backend owns a critic
 (critic.py: a second GPT of the runner's layout with a value head, its own optimizer, saved with the policy in
 `<ckpt>/megatron/`), trained on every rollout before the policy; the policy sits out its first num_critic_only_steps
 rollouts, and ref_update_interval re-snapshots the KL reference, as under train=torch.
@@ -179,7 +179,7 @@ class MegatronTrainBackend:
         self.export.save(self.gpt, path, tokenizer)
 
     def state_dict(self) -> None:
-        """None: the whole resume state is save_checkpoint's `<ckpt>/megatron/` (nothing of the trainer in state.pt)."""
+        """None: the whole resume state is save_checkpoint's `<ckpt>/megatron/` (nothing of the trainer in the state files)."""
         return None
 
     def load_state_dict(self, state: Optional[dict]) -> None:

@@ -182,14 +182,14 @@ def test_weight_versions_advance_and_engines_equal_the_trainer(sglang_run):
     assert r.weight_version == NUM_ROLLOUT
     named = list(c.trainer.named_weights())
     for e in r.group.engines:  # every sync above was checked too (check_weight_update_equal=true)
-        assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)
+        assert W.check_equal(e.endpoint, named, cfg.model.dtype, 60) == len(named)
     # the check can fail: perturb one tensor on engine 0 only (from tensors, the colocated path), then
     # put the trainer's weights back over the update groups, in buckets of ~one tensor
     e0 = r.group.engines[0]
     name, t = named[1]
-    W.update_from_tensors(e0.url, [(name, t + 1.0)], r.weight_version, 1, 1 << 20, cfg.model.dtype, 60)
+    W.update_from_tensors(e0.endpoint, [(name, t + 1.0)], r.weight_version, 1, 1 << 20, cfg.model.dtype, 60)
     with pytest.raises(W.WeightSyncError, match=name):
-        W.check_equal(e0.url, named, cfg.model.dtype, 60)
+        W.check_equal(e0.endpoint, named, cfg.model.dtype, 60)
     biggest = max(t.numel() * t.element_size() for _, t in named)
     assert len(list(W.buckets(named, biggest))) > 10  # 46 tensors of the tiny model
     r.cfg.update_weight_buffer_size, before = biggest, r.cfg.update_weight_buffer_size
@@ -197,11 +197,11 @@ def test_weight_versions_advance_and_engines_equal_the_trainer(sglang_run):
         r.update_weights(InProcessWeights.of(named), version=r.weight_version)  # check_weight_update_equal: raises if any differs
     finally:
         r.cfg.update_weight_buffer_size = before
-    assert W.check_equal(e0.url, named, cfg.model.dtype, 60) == len(named)
+    assert W.check_equal(e0.endpoint, named, cfg.model.dtype, 60) == len(named)
     # the colocated path makes an engine equal too: every tensor from tensors onto engine 1
     e1 = r.group.engines[1]
-    W.update_from_tensors(e1.url, [(n, t + 0.5) for n, t in named], r.weight_version, 1, 1 << 20, cfg.model.dtype, 60)
-    assert W.check_equal(e1.url, [(n, t + 0.5) for n, t in named], cfg.model.dtype, 60) == len(named)
+    W.update_from_tensors(e1.endpoint, [(n, t + 0.5) for n, t in named], r.weight_version, 1, 1 << 20, cfg.model.dtype, 60)
+    assert W.check_equal(e1.endpoint, [(n, t + 0.5) for n, t in named], cfg.model.dtype, 60) == len(named)
     r.update_weights(InProcessWeights.of(named), version=r.weight_version)
 
 
@@ -279,9 +279,9 @@ def test_killed_engine_mid_rollout_loses_and_duplicates_nothing(sglang_run):
     from slime_hydra.rollout.sglang import weights as W
 
     named = list(c.trainer.named_weights())
-    assert W.check_equal(e0.url, named, cfg.model.dtype, 60) == len(named)  # resynced before serving
+    assert W.check_equal(e0.endpoint, named, cfg.model.dtype, 60) == len(named)  # resynced before serving
     body = {"input_ids": [10, 11, 12], "sampling_params": {"max_new_tokens": 2}, "return_logprob": True}
     import httpx
 
-    meta = httpx.post(e0.url + "/generate", json=body, timeout=60).json()["meta_info"]
+    meta = httpx.post(e0.url + "/generate", json=body, headers=e0.endpoint.headers, timeout=60).json()["meta_info"]
     assert meta["weight_version"] == str(r.weight_version)

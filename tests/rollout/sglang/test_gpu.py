@@ -33,7 +33,7 @@ def test_distributed_sync_over_nccl_makes_the_engine_equal_the_trainer(tmp_path)
         r.update_weights(InProcessWeights.of(named), version=1)
         assert r._groups[0].backend == "nccl"
         e = r.group.engines[0]
-        assert W.check_equal(e.url, named, cfg.model.dtype, 120) == len(named)
+        assert W.check_equal(e.endpoint, named, cfg.model.dtype, 120) == len(named)
         m = r.metrics()
         assert m["perf/weight_sync_send_s"] > 0 and m["rollout/weight_sync_requests"] >= 1
     finally:

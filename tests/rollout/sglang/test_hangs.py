@@ -17,6 +17,7 @@ import torch
 from slime_hydra.errors import RunError
 from slime_hydra.rollout.sglang import weights as W
 from slime_hydra.rollout.sglang.client import RouterClient, SGLangRequestError
+from slime_hydra.rollout.sglang.endpoint import Endpoint
 from slime_hydra.types import SamplingParams
 
 pytestmark = pytest.mark.integration  # starts Ray, SGLang servers, megatron ranks or whole runs: not in `make test-fast`
@@ -67,7 +68,7 @@ def test_a_weight_sync_request_that_hangs_fails_at_its_deadline_naming_the_key(s
     named = [("model.norm.weight", torch.ones(8)), ("lm_head.weight", torch.ones(4, 8))]
     t0 = time.monotonic()
     with pytest.raises(W.WeightSyncError) as e:
-        W.update_from_tensors(silent_server, named, version=1, tp_size=1, buffer_bytes=1 << 20, dtype="float32", timeout=1.0)
+        W.update_from_tensors(Endpoint(silent_server, "k"), named, version=1, tp_size=1, buffer_bytes=1 << 20, dtype="float32", timeout=1.0)
     took = time.monotonic() - t0
     assert 0.9 < took < 10, took  # the first request (the session probe) waited its 1 s, no fixed 60 s
     msg = str(e.value)
@@ -77,7 +78,7 @@ def test_a_weight_sync_request_that_hangs_fails_at_its_deadline_naming_the_key(s
 
 
 def test_a_generate_request_that_hangs_is_retried_then_fails_naming_the_keys(silent_server):
-    client = RouterClient(silent_server, concurrency=4, timeout_s=0.5, max_retries=1, backoff_s=0.1)
+    client = RouterClient(Endpoint(silent_server, "k"), concurrency=4, timeout_s=0.5, max_retries=1, backoff_s=0.1)
     sp = SamplingParams(max_new_tokens=4)
 
     async def go():
@@ -141,7 +142,7 @@ def test_a_router_that_does_not_route_fails_at_the_start_deadline_naming_the_key
         wait_healthy(router, url, 120, "sglang-router")
         t0 = time.monotonic()
         with pytest.raises(EngineStartError) as e:
-            wait_routed(url, {"input_ids": [0], "sampling_params": {"max_new_tokens": 1}}, 8, log)
+            wait_routed(Endpoint(url, "k"), {"input_ids": [0], "sampling_params": {"max_new_tokens": 1}}, 8, log)
         took = time.monotonic() - t0
     finally:
         router.stop()

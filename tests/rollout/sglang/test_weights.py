@@ -167,15 +167,44 @@ def test_interleaved_dtypes_sync_in_ceil_bytes_over_buffer_requests_on_every_pat
     assert r.mode == "tensor"
     r.update_weights(InProcessWeights.of(named), version=100)  # check_weight_update_equal=true: raises if the engine differs
     assert r.metrics()["rollout/weight_sync_requests"] == REQUESTS == calls.count("/update_weights_from_tensor")
-    assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)
+    assert W.check_equal(e.endpoint, named, cfg.model.dtype, 60) == len(named)
     # the distributed path to the same engine, with the matrices moved so the engine must change
     moved = [(n, t + 0.25) for n, t in named]
-    group = D.UpdateGroup(e.url, 1, "gloo", 120, "test_weight_sync")
+    group = D.UpdateGroup(e.endpoint, 1, "gloo", 120, "test_weight_sync")
     assert group.send(moved, 101, BUFFER, cfg.model.dtype) == REQUESTS == calls.count("/update_weights_from_distributed")
-    assert W.check_equal(e.url, moved, cfg.model.dtype, 60) == len(moved)
+    assert W.check_equal(e.endpoint, moved, cfg.model.dtype, 60) == len(moved)
     # from disk: one file, one request, whatever the buffer
     path = W.write_checkpoint(named, r.init_dir, r.dir / "weights_test", cfg.model.dtype)
-    assert W.update_from_disk(e.url, path, 102, 120) == 1 == calls.count("/update_weights_from_disk")
-    assert W.check_equal(e.url, named, cfg.model.dtype, 60) == len(named)
+    assert W.update_from_disk(e.endpoint, path, 102, 120) == 1 == calls.count("/update_weights_from_disk")
+    assert W.check_equal(e.endpoint, named, cfg.model.dtype, 60) == len(named)
     # the trainer's own weights back, so the run's engine serves them again
     r.update_weights(c.trainer.named_weights(), version=r.weight_version)
+
+
+@pytest.mark.sglang
+@pytest.mark.integration
+def test_the_engine_and_the_router_refuse_a_request_without_the_runs_key(short_run):
+    """Another user of the node reaches the loopback too: without this run's key the engine and the router answer 401,
+    to a generate as to a weight swap or a pause; the key is on no command line (what `ps` shows) and in no log."""
+    from pathlib import Path
+
+    import httpx
+
+    _, c, _, _, _ = short_run
+    group = c.rollout.group
+    e = group.engines[0]
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}
+    for url in (e.url, group.router_url):
+        for headers in ({}, {"Authorization": "Bearer not-the-key"}):
+            assert httpx.post(url + "/generate", json=body, headers=headers, timeout=60).status_code == 401, url
+        assert httpx.post(url + "/generate", json=body, headers=group.router_endpoint.headers, timeout=60).status_code == 200
+    for path, payload in (("/update_weights_from_disk", {"model_path": str(c.rollout.init_dir)}), ("/pause_generation", {}),
+                          ("/release_memory_occupation", {}), ("/server_info", None)):
+        r = httpx.post(e.url + path, json=payload) if payload is not None else httpx.get(e.url + path)
+        assert r.status_code == 401, (path, r.status_code, r.text[:200])
+    assert httpx.get(e.url + "/health", timeout=60).status_code == 200  # open to probes, as SGLang keeps it
+    for pid in (e.process.pid, group.router.pid):
+        assert group.key not in Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+    logs = sorted((c.rollout.dir / "logs").glob("*.log"))
+    assert [f.name for f in logs] == ["engine_0.log", "router.log"]
+    assert all(group.key not in f.read_text() for f in logs)

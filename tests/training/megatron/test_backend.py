@@ -146,7 +146,7 @@ def test_same_layout_resume_from_megatron_checkpoint_is_exact(single):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_engine_resume_through_megatron_checkpoints_is_exact(single, tmp_path, dtype):
     """The engine's save/load with train=megatron go through dist_checkpointing (<ckpt>/megatron/, nothing of the
-    trainer in state.pt): 2 rollouts uninterrupted vs resuming from the rollout-0 checkpoint give the same
+    trainer in the state files): 2 rollouts uninterrupted vs resuming from the rollout-0 checkpoint give the same
     metrics at every rollout and bit-identical final weights (so Adam's moments and step counts came back too),
     in fp32 and in bf16 (mixed precision: fp32 main params and moments in the checkpoint)."""
     from safetensors.torch import load_file

@@ -1,0 +1,35 @@
+"""Where an SGLang server or the router listens, and the key it asks for.
+
+Engines and the router listen on the loopback, which every user of the node shares: each runs with this run's API key
+(random, made when the engines start: `new_key`), so only a holder of the key can generate, update or release the
+weights, pause the engines or read their state. Every client in the project sends it (`headers`). The key never goes
+on a command line, which `ps` shows to everyone: a server gets it in its environment (`KEY_ENV`, readable by its own
+user only) and the launcher `keyed.py` hands it to the server's own arguments inside the process.
+/health answers without the key (SGLang keeps it open for probes): a health check sends none, so a process that took a
+server's port learns nothing from it, and the answer counts only from the process that was started
+(ServerProcess.listens_on).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+KEY_ENV = "SLIME_HYDRA_SGLANG_API_KEY"
+
+
+def new_key() -> str:
+    return secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str  # http://127.0.0.1:PORT
+    key: str = field(repr=False)  # never in a message: str() and repr() give the URL alone
+
+    def __str__(self) -> str:
+        return self.url
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}

@@ -1,0 +1,93 @@
+"""An engine's port taken before the engine listens on it (by a neighbour on a shared node): the /health it answers is
+not taken for the engine's. The start fails naming the port and the process that was started, the run's key never
+reaches the squatter, and the started process is stopped. (Requests without the key against real engines and the
+router: tests/rollout/sglang/test_weights.py.)"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from slime_hydra.rollout.sglang.engines import EngineGroup, EngineStartError
+from slime_hydra.rollout.sglang.process import ManagedProcess
+
+
+@contextlib.contextmanager
+def squatter():
+    """A process of someone else's on a port: 200 to everything, and a record of each request's Authorization."""
+    seen: list[tuple[str, str | None]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def answer(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            seen.append((self.path, self.headers.get("Authorization")))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        do_GET = do_POST = answer
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1], seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class OnPort:
+    """A launcher that starts engine 0 on the given port; its process is a stand-in that never listens (the real server
+    would fail to bind there once loaded: either way the answer on the port is not the started process's)."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.started: list[ManagedProcess] = []
+
+    def launch(self, index, argv, log_path, env, port):
+        p = ManagedProcess(f"engine-{index}", [sys.executable, "-c", "import time; time.sleep(600)"], log_path, env)
+        self.started.append(p.start())
+        return p, "127.0.0.1", self.port
+
+    def shutdown(self):
+        pass
+
+
+@pytest.mark.integration  # starts server processes
+def test_an_engine_port_taken_before_the_engine_listens_is_refused_and_gets_no_key(tmp_path: Path):
+    with squatter() as (port, seen):
+        launcher = OnPort(port)
+        group = EngineGroup("unused-model", 1, 1, 0, {}, "round_robin", {}, tmp_path, start_timeout_s=60,
+                            launcher=launcher)
+        with pytest.raises(EngineStartError) as e:
+            group.start()
+    started = launcher.started[0]
+    assert str(e.value) == (
+        f"SGLang engine 0: http://127.0.0.1:{port}/health was answered by a process this run did not start: the socket "
+        f"on port {port} is not the server's (pid {started.pid}). Another process took the port before the server could "
+        "listen on it (on a shared node, another user's); nothing else was sent to it. Stop that process, or run again "
+        "(each start picks free ports)")
+    assert seen == [("/health", None)]  # one health check, without the key; nothing after it
+    assert not started.alive()  # the started process was stopped with the group
+    assert group.key not in (tmp_path / "engine_0.log").read_text()  # its start line: no key on the command line
+
+
+def test_the_key_is_the_runners_to_set():
+    from slime_hydra.app.preflight import compose_run
+    from slime_hydra.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        compose_run(["experiment=grpo/qwen3-tiny-addition-cpu-sglang-torch-v1", "+rollout.sglang.api_key=mine",
+                     "+rollout.sglang_router.api_key=mine"])
+    assert "rollout.sglang.api_key is set by the runner and cannot be overridden: each run gives its engines a random " \
+           "key of its own" in str(e.value)
+    assert "rollout.sglang_router.api_key is set by the runner" in str(e.value)
