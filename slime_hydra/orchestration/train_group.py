@@ -46,7 +46,8 @@ def split_for_ranks(batch: TrainBatch, num_steps: int, world_size: int) -> list[
     return out
 
 
-IDENTICAL_ON_RANKS = ("train/grad_norm", "train/lr", "train/value_grad_norm")  # computed from the all-reduced gradient / the schedule
+# computed from the all-reduced gradient / the schedule
+IDENTICAL_ON_RANKS = ("train/grad_norm", "train/lr", "train/value_grad_norm", "train/skipped_steps", "train/value_skipped_steps")
 
 
 def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:

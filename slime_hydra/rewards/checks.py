@@ -6,6 +6,8 @@ scores (the run's and every eval set's).
 
 from __future__ import annotations
 
+import math
+
 from slime_hydra.config.schema import RewardConfig
 from slime_hydra.rewards.verifiers import known_rm_types
 
@@ -25,6 +27,9 @@ def check(rm: RewardConfig, rm_types: dict[str, str]) -> list[str]:
             problems.append(f"reward.{key}={getattr(rm, key)} must be >= {1 if key == 'rm_concurrency' else 0}")
     if rm.rm_timeout_s <= 0:
         problems.append(f"reward.rm_timeout_s={rm.rm_timeout_s} must be > 0")
+    if not math.isfinite(rm.rm_failure_score):
+        problems.append(f"reward.rm_failure_score={rm.rm_failure_score} must be a finite number (it is the reward a failed "
+                        "or invalid score trains on); set reward.rm_failure_score=0")
     if rm.custom_rm_timeout_s <= 0:
         problems.append(f"reward.custom_rm_timeout_s={rm.custom_rm_timeout_s} must be > 0 (seconds)")
     return problems
