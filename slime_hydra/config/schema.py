@@ -276,7 +276,11 @@ class RewardConfig:
     # or with group_rm=true fn(samples, **kwargs) -> list; sync or async
     custom_rm: dict[str, Any] = field(default_factory=dict)  # empty: none
     group_rm: bool = False
-    rm_url: Optional[str] = None  # remote_rm: POST {prompt, response, label} -> float | dict
+    rm_url: Optional[str] = None  # remote_rm: POST {prompt, response, label} -> float | dict; http:// or https://
+    # remote_rm: HTTP header -> the environment variable holding its value, e.g. {Authorization: RM_AUTH} sends the
+    # header "Authorization: $RM_AUTH"; secrets stay out of the URL and the config (rewards/remote.py)
+    rm_headers: dict[str, str] = field(default_factory=dict)
+    rm_max_response_bytes: int = 1 << 20  # remote_rm: a longer answer is a failure, read no further
     rm_concurrency: int = 64
     rm_timeout_s: float = 30.0
     custom_rm_timeout_s: float = 600.0  # seconds one scoring call of custom_rm (all samples it is given) may take

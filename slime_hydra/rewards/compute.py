@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, TypeVar
 from slime_hydra.aio import run_sync
 from slime_hydra.config.schema import RewardConfig
 from slime_hydra.errors import RunError, UserError
-from slime_hydra.rewards.remote import RemoteRewardModel
+from slime_hydra.rewards.remote import RemoteRewardModel, headers_from_env
 from slime_hydra.rewards.verifiers import verifier
 from slime_hydra.types import Sample
 
@@ -89,7 +89,8 @@ class RewardScorer:
         self.reward_key = reward_key if reward_key is not None else cfg.reward_key
         self.custom = custom  # its keys bound (inspect still sees an async def through a partial)
         self.remote = (RemoteRewardModel(cfg.rm_url, cfg.rm_concurrency, cfg.rm_timeout_s, cfg.rm_max_retries,
-                                         cfg.rm_retry_backoff_s, cfg.rm_on_failure, cfg.rm_failure_score)
+                                         cfg.rm_retry_backoff_s, cfg.rm_on_failure, cfg.rm_failure_score,
+                                         cfg.rm_max_response_bytes, headers_from_env(cfg.rm_headers))
                        if cfg.rm_url else None)
         self.time_s = 0.0
         self.invalid = 0  # rewards that were not finite numbers (reward/invalid_rewards)
