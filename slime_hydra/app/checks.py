@@ -10,7 +10,7 @@ rewards'. This is the one place that knows which components a run uses. Nothing 
 
 from __future__ import annotations
 
-from slime_hydra.agent.hook import check_generate
+from slime_hydra.agent.hook import check_hooks
 from slime_hydra.algorithms import checks as estimator_checks
 from slime_hydra.app.derive import derive
 from slime_hydra.config import checks as config_checks
@@ -35,7 +35,7 @@ def check(given: RunConfig) -> tuple[RunConfig, list[str], list[str]]:
     more, more_notes = model_checks.check_learning_rate(cfg.model, cfg.train, cfg.load)
     problems, notes = problems + more, notes + more_notes
     problems += train_checks(cfg, notes)
-    check_generate("rollout.custom_generate", cfg.rollout.custom_generate, problems)
+    problems += check_hooks(cfg.rollout.custom_generate, cfg.rollout.generate_hooks)
     rm_types = {"reward.rm_type": cfg.reward.rm_type}
     rm_types |= {f"eval.eval_prompt_data.{n}.rm_type": d.rm_type for n, d in eval_datasets(cfg).items()}
     problems += reward_checks.check(cfg.reward, rm_types)

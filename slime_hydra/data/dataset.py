@@ -60,12 +60,14 @@ def load_prompts(
     tool_key: Optional[str] = None,
     on_bad_row: str = "error",
     key_prefix: str = "data",
+    generate_hooks: frozenset[str] = frozenset(),
 ) -> PromptList:
-    """Checked, rendered and tokenized prompts; key_prefix names the config group of input_key/label_key.
+    """Checked, rendered and tokenized prompts; key_prefix names the config group of input_key/label_key,
+    generate_hooks the names a row's metadata.custom_generate may take.
 
     `path` is any data.prompt_data spec (config/datafiles.py): its files are read in order, each checked
     as one file."""
-    keys = RowKeys(input_key, label_key, metadata_key, tool_key, key_prefix)
+    keys = RowKeys(input_key, label_key, metadata_key, tool_key, key_prefix, frozenset(generate_hooks))
     files, problems = resolve(path, what)
     if problems:
         raise DataError("; ".join(problems))

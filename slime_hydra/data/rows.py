@@ -38,6 +38,7 @@ class RowKeys:
     metadata_key: str = "metadata"
     tool_key: Optional[str] = None
     prefix: str = "data"  # or "eval.eval_prompt_data.<name>"; tool_key is always data.*
+    generate_hooks: frozenset[str] = frozenset()  # the names metadata.custom_generate may take (rollout.generate_hooks)
 
 
 @dataclass
@@ -105,10 +106,23 @@ def check_row(row: Any, keys: RowKeys) -> list[str]:
     meta = row.get(keys.metadata_key)
     if meta is not None and not isinstance(meta, dict):
         problems.append(f"{keys.metadata_key!r} ({keys.prefix}.metadata_key) is {json_type(meta)}; it must be an object or absent")
+    elif meta and meta.get("custom_generate") is not None:
+        problems += _hook_problems(meta["custom_generate"], keys)
     tools = row.get(keys.tool_key) if keys.tool_key else None
     if tools is not None and not (isinstance(tools, (list, tuple)) and all(isinstance(t, dict) for t in tools)):
         problems.append(f"{keys.tool_key!r} (data.tool_key) is {json_type(tools)}; it must be a list of tool objects or absent")
     return problems
+
+
+def _hook_problems(name: Any, keys: RowKeys) -> list[str]:
+    """A row's metadata.custom_generate must be a name of rollout.generate_hooks: data names no code of its own."""
+    if isinstance(name, str) and name in keys.generate_hooks:
+        return []
+    known = f"one of {sorted(keys.generate_hooks)}" if keys.generate_hooks else "a name registered there (none is)"
+    what = f"{name!r:.80}" if isinstance(name, str) else json_type(name)
+    return [f"'{keys.metadata_key}.custom_generate' is {what}; a row picks its generate hook by name only, {known}: "
+            "register the hook in the config as +rollout.generate_hooks.<name>={_target_: pkg.mod.fn} and write <name> "
+            "in the row"]
 
 
 def parse_jsonl_line(lineno: int, raw: bytes) -> tuple[Any, Optional[str]]:
