@@ -14,6 +14,7 @@ from typing import Optional
 
 from slime_hydra.agent.hook import wrap_rollout
 from slime_hydra.app.debug_split import check_resume, is_rollout_only, rollout_dump_meta
+from slime_hydra.app.derive import model_context
 from slime_hydra.app.plugins import load_hook, load_target, reward_scorer
 from slime_hydra.config.datafiles import eval_datasets, resolve
 from slime_hydra.config.schema import ModelConfig, RunConfig
@@ -55,7 +56,8 @@ def load_data(cfg: RunConfig, tokenizer) -> list[Prompt]:
     return load_prompts(d.prompt_data, tokenizer, input_key=d.input_key, label_key=d.label_key,
                         metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template,
                         max_prompt_len=d.rollout_max_prompt_len, what="data.prompt_data", tool_key=d.tool_key,
-                        on_bad_row=d.on_bad_row, generate_hooks=frozenset(cfg.rollout.generate_hooks))
+                        on_bad_row=d.on_bad_row, generate_hooks=frozenset(cfg.rollout.generate_hooks),
+                        max_line_bytes=d.max_line_bytes)
 
 
 def stream_files(cfg: RunConfig, tokenizer) -> tuple[list, Prep]:
@@ -64,7 +66,7 @@ def stream_files(cfg: RunConfig, tokenizer) -> tuple[list, Prep]:
     if problems:
         raise DataError("; ".join(problems))
     keys = RowKeys(d.input_key, d.label_key, d.metadata_key, d.tool_key, generate_hooks=frozenset(cfg.rollout.generate_hooks))
-    return files, Prep(keys, tokenizer, d.apply_chat_template, d.rollout_max_prompt_len)
+    return files, Prep(keys, tokenizer, d.apply_chat_template, d.rollout_max_prompt_len, d.max_line_bytes)
 
 
 def build_source(cfg: RunConfig, tokenizer, train_prompts: list[Prompt]) -> PromptSource:
@@ -76,12 +78,21 @@ def build_source(cfg: RunConfig, tokenizer, train_prompts: list[Prompt]) -> Prom
                             d.shuffle_buffer_size, d.on_bad_row, d.num_workers, d.worker_timeout_s)
 
 
+def eval_max_prompt_len(cfg: RunConfig, eval_max_response_len: int) -> Optional[int]:
+    """An eval set's prompt limit: data.rollout_max_prompt_len, and no more than the model's context leaves beside the
+    set's own response length (app/derive.py)."""
+    context, _ = model_context(cfg)
+    limits = [x for x in (cfg.data.rollout_max_prompt_len, context and context - eval_max_response_len) if x is not None]
+    return max(min(limits), 1) if limits else None
+
+
 def build_eval_sets(cfg: RunConfig, tokenizer, sampling: SamplingParams) -> dict[str, EvalSet]:
     d, sets = cfg.data, {}
     for name, ds in eval_datasets(cfg).items():
         prompts = load_prompts(ds.path, tokenizer, input_key=ds.input_key, label_key=ds.label_key,
                                metadata_key=ds.metadata_key, apply_chat_template=d.apply_chat_template,
-                               max_prompt_len=d.rollout_max_prompt_len, what=f"eval.eval_prompt_data.{name}",
+                               max_prompt_len=eval_max_prompt_len(cfg, ds.eval_max_response_len),
+                               what=f"eval.eval_prompt_data.{name}", max_line_bytes=d.max_line_bytes,
                                tool_key=d.tool_key, on_bad_row=d.on_bad_row, key_prefix=f"eval.eval_prompt_data.{name}",
                                generate_hooks=frozenset(cfg.rollout.generate_hooks))
         scorer = reward_scorer(dataclasses.replace(cfg.reward, rm_type=ds.rm_type), cfg.eval.eval_reward_key)

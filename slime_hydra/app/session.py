@@ -72,6 +72,18 @@ def watchdog(cfg: RunConfig, c, out: Path, save_dir: str):
                          out / "stall_stacks.txt", lambda: resume_hint(save_dir), more_stacks=c.more_stacks)
 
 
+def load_counts(cfg: RunConfig, c) -> dict[str, float]:
+    """Rows dropped at load, counted once, at step 0 (streamed data counts them per rollout): bad rows with
+    data.on_bad_row=skip (data/skipped_rows, eval/<set>/skipped_rows, zeros too), prompts over the length limit
+    (data/overlong_rows, eval/<set>/overlong_rows; with skip, or when there are any)."""
+    sets = ({} if cfg.data.streaming else {"data": c.train_prompts}) | {f"eval/{n}": s.prompts for n, s in c.eval_sets.items()}
+    skip = cfg.data.on_bad_row == "skip"
+    out = {f"{k}/overlong_rows": float(n) for k, p in sets.items() if (n := getattr(p, "overlong_rows", 0)) or skip}
+    if skip:
+        out |= {f"{k}/skipped_rows": float(getattr(p, "skipped_rows", 0)) for k, p in sets.items()}
+    return out
+
+
 def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_run_id: str | None = None) -> dict[str, Any]:
     """Runs and returns the summary (metric -> first/last/max)."""
     out = Path(output_dir)
@@ -84,12 +96,9 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_ru
     c = build(cfg, str(out), parent_run_id)
     if c.resumed_from is None:
         c.tracker.log_params(flatten(composed))
-        if cfg.data.on_bad_row == "skip":  # rows dropped at load: counted once, at step 0 (streamed data: per rollout)
-            skipped = {} if cfg.data.streaming else {"data/skipped_rows": getattr(c.train_prompts, "skipped_rows", 0)}
-            skipped |= {f"eval/{n}/skipped_rows": getattr(s.prompts, "skipped_rows", 0) for n, s in c.eval_sets.items()}
-            if skipped:
-                c.tracker.log_metrics(skipped, 0)
-                c.state.history.append((0, skipped))
+        if dropped := load_counts(cfg, c):
+            c.tracker.log_metrics(dropped, 0)
+            c.state.history.append((0, dropped))
     c.tracker.set_tags({"experiment_name": cfg.experiment_name, "git_sha": meta["git_sha"], "overrides": meta["overrides"] or "(none)",
                         "output_dir": str(out)})
     status = "FAILED"

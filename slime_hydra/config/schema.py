@@ -223,10 +223,15 @@ class DataConfig:
     metadata_key: str = "metadata"
     tool_key: Optional[str] = None  # slime's --tool-key: a row's tool list, passed to the chat template as tools=
     apply_chat_template: bool = False
-    rollout_max_prompt_len: Optional[int] = None  # longer prompts are dropped at load time
+    # longer prompts (in tokens) are dropped when read, counted in data/overlong_rows. None: the model's context
+    # (model.max_position_embeddings, config.json's with model.hf_checkpoint, rollout.sglang.context_length when set)
+    # minus rollout.rollout_max_response_len, filled in at validation (an eval set: minus its eval_max_response_len)
+    rollout_max_prompt_len: Optional[int] = None
     # a row that fails its checks (encoding, JSON, field types; eval files too): error stops the run with
     # every problem's file:line | skip drops it with a warning, counted in data/skipped_rows
     on_bad_row: str = "error"
+    # a jsonl line longer than this (bytes) is a bad row, skipped over without being read whole (data/rows.py)
+    max_line_bytes: int = 16 << 20
     # Prompt data at scale (slime's --streaming-data, --num-data-workers): streaming reads prompt_data lazily
     # (a jsonl/parquet file, a glob, a directory, or a Hugging Face save_to_disk directory) and shuffles it
     # through a buffer of shuffle_buffer_size prompts per epoch; num_workers processes read, check, template

@@ -4,6 +4,10 @@ jsonl: one JSON object per line; each line is decoded as UTF-8 on its own, so a 
 line and the lines after it are still checked. parquet: one record per row; `path:N` names the N-th
 row (1-based), as a line number does in jsonl.
 
+Overlong input is a bad row like any other, never a traceback or a line read whole: a line longer than
+`data.max_line_bytes` is skipped over in chunks without being kept (`read_lines`), and a line nested deeper than
+Python's JSON parser goes (a RecursionError) is reported as such, both as `path:line: problem`.
+
 A row is checked for what the loader relies on: the prompt is a string or a list of
 {"role": str, "content": str} messages, the label is there (a string or a number), metadata is an
 object, tools a list of objects. Every problem of a file is collected. `on_bad_row="error"` raises
@@ -14,19 +18,23 @@ dataset.py.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from slime_hydra.config.schema import DataConfig
 from slime_hydra.errors import DataError
 
 log = logging.getLogger(__name__)
 
 MAX_SHOWN = 20  # a screenful of problems; the rest are counted
+SKIP_CHUNK = 1 << 20  # bytes read at a time while skipping over an overlong line
 ON_BAD_ROW = ("error", "skip")
 BLANK = object()  # a blank jsonl line: no row
+MAX_LINE_BYTES = DataConfig.max_line_bytes  # for callers without a config (tests, tools)
 
 
 @dataclass(frozen=True)
@@ -125,8 +133,34 @@ def _hook_problems(name: Any, keys: RowKeys) -> list[str]:
             "in the row"]
 
 
-def parse_jsonl_line(lineno: int, raw: bytes) -> tuple[Any, Optional[str]]:
+class Overlong:
+    """A line longer than data.max_line_bytes, skipped over: only its length is kept (`len` of it, as of a line)."""
+
+    def __init__(self, size: int, limit: int):
+        self.size, self.limit = size, limit
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def read_lines(fh, max_bytes: int) -> Iterator[bytes | Overlong]:
+    """The lines of a binary file (newline kept), each read only up to max_bytes: a longer one comes as an Overlong
+    holding its length, its bytes read in SKIP_CHUNK pieces and dropped."""
+    while line := fh.readline(max_bytes + 1):
+        if len(line) <= max_bytes:
+            yield line
+            continue
+        size = len(line)
+        while not line.endswith(b"\n") and (line := fh.readline(SKIP_CHUNK)):
+            size += len(line)
+        yield Overlong(size, max_bytes)
+
+
+def parse_jsonl_line(lineno: int, raw: bytes | Overlong) -> tuple[Any, Optional[str]]:
     """(parsed value or None, problem or None) of one raw line; (BLANK, None) for a blank line."""
+    if isinstance(raw, Overlong):
+        return None, (f"the line is {raw.size:,} bytes, over data.max_line_bytes={raw.limit:,} (read no further); shorten "
+                      "the row, or raise data.max_line_bytes if it is meant to be this long")
     try:  # utf-8-sig on line 1: a byte-order mark is not an error
         text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
     except UnicodeDecodeError as e:
@@ -138,12 +172,14 @@ def parse_jsonl_line(lineno: int, raw: bytes) -> tuple[Any, Optional[str]]:
         return json.loads(text.rstrip("\r\n")), None  # the newline would move an error's column
     except json.JSONDecodeError as e:
         return None, f"malformed JSON ({e.msg} at column {e.colno}); fix or remove this line"
+    except RecursionError:
+        return None, "JSON nested too deeply to parse (RecursionError); flatten this row"
 
 
-def iter_jsonl(path: str) -> Iterator[tuple[int, Any, Optional[str]]]:
+def iter_jsonl(path: str, max_line_bytes: int) -> Iterator[tuple[int, Any, Optional[str]]]:
     """(line number, parsed value or None, problem or None) for every non-blank line."""
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+        for lineno, raw in enumerate(read_lines(f, max_line_bytes), start=1):
             value, problem = parse_jsonl_line(lineno, raw)
             if value is not BLANK:
                 yield lineno, value, problem
@@ -181,15 +217,17 @@ def render(path: str, problems: list[str], bad_rows: int, total_rows: int, what:
 
 
 def read_rows(path: str, keys: RowKeys, what: str, on_bad_row: str = "error",
-              iter_fn: Optional[Callable[[str], Iterator]] = None) -> Rows:
+              iter_fn: Optional[Callable[[str], Iterator]] = None, max_line_bytes: int = MAX_LINE_BYTES) -> Rows:
     """The good rows of a jsonl or parquet file (or what `iter_fn` reads, e.g. a Hugging Face dataset directory);
     bad ones raise (all together) or are skipped."""
     if on_bad_row not in ON_BAD_ROW:
         raise DataError(f"data.on_bad_row={on_bad_row!r} is not one of {list(ON_BAD_ROW)}")
     if iter_fn is None and not Path(path).is_file():
         raise DataError(f"{what}: file not found: {path}; set it to an existing jsonl or parquet file")
+    if iter_fn is None:
+        iter_fn = iter_parquet if path.endswith(".parquet") else functools.partial(iter_jsonl, max_line_bytes=max_line_bytes)
     out, problems, total = Rows(), [], 0
-    for line, row, problem in (iter_fn or (iter_parquet if path.endswith(".parquet") else iter_jsonl))(path):
+    for line, row, problem in iter_fn(path):
         total += 1
         found = [problem] if problem else check_row(row, keys)
         if found:

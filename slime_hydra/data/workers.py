@@ -93,7 +93,7 @@ def work(w: int, num_workers: int, files: list[DataFile], prep: Prep, start: Pos
     index = -1
     defer = can_defer(prep)
     try:
-        for block in iter_blocks(files, start, block_rows):
+        for block in iter_blocks(files, start, block_rows, prep.max_line_bytes):
             index = block.index
             if index % num_workers != w:
                 continue
@@ -150,7 +150,7 @@ class WorkerReader:
         self.num_workers, self.timeout_s, self.next_index = num_workers, timeout_s, 0
         self.frontier = ctx.RawValue("q", 0)  # blocks before it are the driver's (one writer: no lock)
         self.heard = [time.monotonic()] * num_workers  # when each worker last sent a block
-        self.own_blocks = iter_blocks(files, start, block_rows) if driver_reads else None
+        self.own_blocks = iter_blocks(files, start, block_rows, prep.max_line_bytes) if driver_reads else None
         self.read_by_driver = self.made_by_driver = 0  # blocks read, rows templated and tokenized in the driver
         self.waiting: dict[Pos, list[Pending]] = {}  # deferred rows the driver read, by position: a worker makes them too
         self.queues = [ctx.Queue(maxsize=prefetch) for _ in range(num_workers)]
