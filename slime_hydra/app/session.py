@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,13 @@ def watchdog(cfg: RunConfig, c, out: Path, save_dir: str):
                          out / "stall_stacks.txt", lambda: resume_hint(save_dir), more_stacks=c.more_stacks)
 
 
+def report_missing(tracker, out: Path) -> None:
+    """What the tracker could not log (tracking/retrying.py): printed, and kept in <output_dir>/tracker_missing.txt."""
+    if text := tracker.missing_report():
+        print(f"warning: {text}", file=sys.stderr, flush=True)
+        (out / "tracker_missing.txt").write_text(text + "\n")
+
+
 def load_counts(cfg: RunConfig, c) -> dict[str, float]:
     """Rows dropped at load, counted once, at step 0 (streamed data counts them per rollout): bad rows with
     data.on_bad_row=skip (data/skipped_rows, eval/<set>/skipped_rows, zeros too), prompts over the length limit
@@ -115,6 +123,7 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_ru
         return summary
     finally:
         c.tracker.close(status)
+        report_missing(c.tracker, out)
         c.rollout.shutdown()
 
 

@@ -385,6 +385,12 @@ class LoggerConfig:
     tracking_uri: str = "sqlite:///mlruns.db"
     mlflow_experiment: str = "slime_hydra"
     tensorboard_dir: str = "tensorboard"
+    # a tracker call that fails is retried this many times (exponential backoff from tracker_retry_backoff_s), then
+    # given up with a warning: the run goes on, its checkpoints written; points not logged are sent again once the
+    # tracker works, and those still missing are reported at the end (tracking/retrying.py)
+    tracker_retries: int = 2
+    tracker_retry_backoff_s: float = 1.0
+    tracker_timeout_s: float = 10.0  # seconds one request to an MLflow tracking server may take (http(s) URIs)
     progress_bar: bool = True
     # A multirun's summary (tracking/sweep.py) ranks its jobs by this metric's last value and tags the best on the
     # parent run. None: the first eval/<set>/accuracy the jobs reported (by name), else rollout/reward_mean.

@@ -1,4 +1,4 @@
-"""The engine loop: generate, reward, advantages, train, sync weights, log, eval, save.
+"""The engine loop: generate, reward, advantages, train, sync weights, eval, save, log.
 
 Everything else (what a backend is, how a loss aggregates, where metrics go) is decided by the
 components handed in; this file only orders the steps, for train_mode=sync and async alike: the two
@@ -69,17 +69,24 @@ def run(settings: LoopSettings, c: Components, save_dir: str) -> list[tuple[int,
             if due(step, settings.eval_interval, settings.num_rollout) and c.eval_sets:  # eval, on the latest weights
                 feed.settle()
                 metrics |= run_eval(settings, c, step)
-            c.tracker.log_metrics(metrics, step)  # log
             s.history.append((step, metrics))
+            # save, then log: a tracker that fails (its calls downgraded to warnings) never costs the checkpoint, and a
+            # crash between the two leaves a point missing from the tracker (it is in the checkpoint), never a duplicate
+            if due(step, settings.save_interval, settings.num_rollout):
+                save(c, save_dir, rollout_id, feed)
+            c.tracker.log_metrics(metrics, step)  # log
             bar.update(metrics)
-            if due(step, settings.save_interval, settings.num_rollout):  # save, with what the feed holds (drained first)
-                held = feed.state_dict()  # first: it drains the generation, so the buffer is at rest
-                state = engine_state(c, rollout_id) | held
-                ckpt.save_checkpoint(save_dir, rollout_id, ckpt.trainer_files(c.trainer, c.tokenizer), state)
     finally:
         feed.close()
         bar.close()
     return s.history
+
+
+def save(c: Components, save_dir: str, rollout_id: int, feed: RolloutFeed) -> None:
+    """The checkpoint after `rollout_id`, with what the feed holds."""
+    held = feed.state_dict()  # first: it drains the generation, so the buffer is at rest
+    state = engine_state(c, rollout_id) | held
+    ckpt.save_checkpoint(save_dir, rollout_id, ckpt.trainer_files(c.trainer, c.tokenizer), state)
 
 
 def open_feed(settings: LoopSettings, c: Components, save_dir: str) -> RolloutFeed:

@@ -32,3 +32,11 @@ def nan_advantages(rewards, mask, kl, group_size, nan_at: int = 2):
     r = rewards.view(-1, group_size)  # [B, G]
     adv = (r - r.mean(dim=1, keepdim=True)).view(-1, 1) * mask  # [B*G, T]
     return adv * float("nan") if NAN_ADVANTAGE_CALLS[0] == nan_at else adv
+
+
+def slow_reward(sample, seconds: float = 0.01) -> float:
+    """digit_reward after `seconds`: steps long enough for a test to act between them (kill a server, send a signal)."""
+    import time
+
+    time.sleep(seconds)
+    return digit_reward(sample)
