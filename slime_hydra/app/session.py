@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,13 +21,14 @@ from omegaconf import DictConfig, OmegaConf
 from slime_hydra.app.build import build
 from slime_hydra.app.plugins import load_target
 from slime_hydra.app.preflight import check_composed
+from slime_hydra.app.stop import GracefulStop
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.engine import loop, report
 from slime_hydra.engine.checkpoint import resume_hint
 from slime_hydra.engine.collect import RolloutPlan
 from slime_hydra.engine.warmstart import WarmStart
 from slime_hydra.engine.watchdog import StallWatchdog
-from slime_hydra.errors import ConfigError
+from slime_hydra.errors import ConfigError, Interrupted
 from slime_hydra.tracking import sweep
 
 
@@ -101,7 +104,23 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_ru
     meta = {"experiment_name": cfg.experiment_name, "git_sha": git_sha(), "overrides": " ".join(overrides)}
     (out / "run_info.json").write_text(json.dumps(meta, indent=2))
 
-    c = build(cfg, str(out), parent_run_id)
+    save_dir = cfg.save or str(out / "checkpoints")
+    built: list = []  # the Components once built: what a hard stop tells the tracker
+    with GracefulStop(cfg.stop_grace_s, functools.partial(abandon, built, save_dir)) as stop:
+        c = build(cfg, str(out), parent_run_id)
+        built.append(c)
+        return track_and_run(cfg, c, out, save_dir, composed, meta, stop)
+
+
+def abandon(built: list, save_dir: str, why: str) -> None:
+    """A hard stop (app/stop.py): the step in progress is lost; the tracker run is marked KILLED."""
+    print(f"stopping now ({why}): the step in progress is abandoned. {resume_hint(save_dir)}", file=sys.stderr, flush=True)
+    if built:
+        built[0].tracker.close("KILLED")
+
+
+def track_and_run(cfg: RunConfig, c, out: Path, save_dir: str, composed: dict, meta: dict, stop: GracefulStop) -> dict[str, Any]:
+    """The loop between the tracker's opening and its closing; a signal ends it after a checkpoint (Interrupted)."""
     if c.resumed_from is None:
         c.tracker.log_params(flatten(composed))
         if dropped := load_counts(cfg, c):
@@ -111,9 +130,12 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_ru
                         "output_dir": str(out)})
     status = "FAILED"
     try:
-        save_dir = cfg.save or str(out / "checkpoints")
         with watchdog(cfg, c, out, save_dir):
-            history = loop.run(loop_settings(cfg), c, save_dir)
+            history = loop.run(loop_settings(cfg), c, save_dir, stop.requested)
+        if stop.requested():
+            status = "KILLED"
+            raise Interrupted(f"stopped by {stop.name} after the step in progress, its checkpoint written. "
+                              f"{resume_hint(save_dir)}", stop.exit_code)
         summary = report.summarize(history)
         print("\n" + report.summary_table(summary), flush=True)
         for path in (out / "composed_config.yaml", report.plot_curves(history, out / "reward_curve.png"),
@@ -127,6 +149,17 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_ru
         c.rollout.shutdown()
 
 
+def private(hydra_dir: str) -> None:
+    """private_files: what the run creates from here on is its user's only (umask 077: its output directory when it
+    is new, checkpoints, the weights, the MLflow store and its artifacts, Ray's temp dir), and so is the directory
+    Hydra made for the run before (its .hydra/ configs and log inside), unless that is the working directory or
+    above it (hydra.run.dir=.), which is not the run's to change."""
+    os.umask(0o077)
+    d, cwd = Path(hydra_dir).resolve(), Path.cwd().resolve()
+    if d.is_dir() and d != cwd and d not in cwd.parents:
+        os.chmod(d, 0o700)
+
+
 def task(cfg: DictConfig) -> float | None:
     """The Hydra task: composed config -> checked -> run. Returns the final eval accuracy (for sweepers).
     Bad input raises UserError, a run that stops on a failure it can name RunError; the CLI prints them."""
@@ -138,6 +171,8 @@ def task(cfg: DictConfig) -> float | None:
         raise ConfigError(problems)
     hc = HydraConfig.get()
     output_dir = typed.output_dir or hc.runtime.output_dir
+    if typed.private_files:
+        private(hc.runtime.output_dir)
     typed = dataclasses.replace(typed, logger=dataclasses.replace(
         typed.logger, tracking_uri=sweep.absolute_tracking_uri(typed.logger.tracking_uri, hc.runtime.cwd)))
     parent = sweep.parent_run_id(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None

@@ -485,6 +485,13 @@ class RunConfig:
     stall_watchdog: bool = True
     stall_timeout_factor: float = 10.0
     stall_min_timeout_s: float = 600.0
+    # SIGTERM / SIGINT (a scheduler's stop, Ctrl-C): the run finishes its step, writes a checkpoint, marks its tracker run
+    # KILLED, stops its children and actors and exits 143 / 130, all within this many seconds of the signal; past it
+    # (or at a second signal) the step is abandoned and the process exits at once (app/stop.py). Below SLURM's 30 s.
+    stop_grace_s: float = 20.0
+    # the run's files are its user's only: umask 077 from the start of the run (checkpoints, weights, the MLflow store,
+    # Ray's temp dir) and its output directory made owner-only; false keeps the process's umask
+    private_files: bool = True
 
 
 # group name -> schema, registered under schema/<group> in the ConfigStore

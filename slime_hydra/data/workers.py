@@ -32,6 +32,7 @@ that step.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import gc
 import multiprocessing as mp
@@ -163,6 +164,9 @@ class WorkerReader:
         for p in self.procs:
             p.start()
         self._finalizer = weakref.finalize(self, _stop, self.procs, self.queues + [self.side])
+        # at exit, before multiprocessing's own exit handler (registered earlier, so run later), which would
+        # terminate and then join the workers: they ignore SIGTERM, and its join would wait forever
+        atexit.register(self._finalizer)
 
     def __iter__(self):
         return self

@@ -9,9 +9,12 @@ same code. `plan_layout` and `layout_problems` are pure; the rest talks to Ray.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import tempfile
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 from slime_hydra.config.schema import ClusterConfig
 from slime_hydra.errors import UserError
@@ -82,7 +85,9 @@ def connect(c: ClusterConfig) -> tuple[bool, str]:
         return False, f"the connected cluster at {ray.get_runtime_context().gcs_address}"
     address = c.address if c.address is not None else os.environ.get("RAY_ADDRESS")
     if address in (None, "", "local"):
-        ray.init(address="local" if c.address == "local" else None, include_dashboard=False, logging_level="WARNING")
+        with signals_left_to_the_driver():
+            ray.init(address="local" if c.address == "local" else None, include_dashboard=False, logging_level="WARNING",
+                     _temp_dir=run_temp_dir())
         return True, "a new local cluster"
     probe_gcs(address, c.placement_timeout_s)
     try:
@@ -91,6 +96,26 @@ def connect(c: ClusterConfig) -> tuple[bool, str]:
         raise UserError(f"cluster.address={address}: cannot connect to a Ray cluster there ({e}); start one with "
                         "`ray start --head` or set cluster.address=local") from None
     return False, f"cluster.address={address}"
+
+
+@contextlib.contextmanager
+def signals_left_to_the_driver() -> Iterator[None]:
+    """SIGTERM and SIGINT blocked while a local cluster starts: its processes (GCS, raylet, and the workers and actors
+    they start) inherit the mask, so a scheduler's signal to the whole process group leaves them running while the
+    driver finishes its step and checkpoints through them (app/stop.py); the driver then stops them. Ray blocks
+    SIGINT in them itself. The cost: Ray's own shutdown waits a second per process before its SIGKILL."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def run_temp_dir() -> str:
+    """A local cluster's own temp dir (sessions, sockets, logs), created owner-only (mkdtemp: mode 0700), so two users
+    (or two runs) on one node never share /tmp/ray. $RAY_TMPDIR, if set, is where it goes; the system temp dir
+    otherwise (a short path: Ray's socket paths must fit in 107 bytes)."""
+    return tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("RAY_TMPDIR") or None)
 
 
 def probe_gcs(address: str, timeout_s: float) -> None:
