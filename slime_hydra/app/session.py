@@ -109,6 +109,7 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_ru
     with GracefulStop(cfg.stop_grace_s, functools.partial(abandon, built, save_dir)) as stop:
         c = build(cfg, str(out), parent_run_id)
         built.append(c)
+        stop.take_signals()  # again: ray.init (cluster.backend=ray) puts its own SIGTERM handler in their place
         return track_and_run(cfg, c, out, save_dir, composed, meta, stop)
 
 

@@ -64,10 +64,16 @@ class GracefulStop:
         self._timer: Optional[threading.Timer] = None
 
     def __enter__(self) -> "GracefulStop":
+        self.take_signals()
+        return self
+
+    def take_signals(self) -> None:
+        """Handle SIGTERM and SIGINT here (main thread only). Again after ray.init: a Ray driver's core worker installs
+        a SIGTERM handler of its own, which aborts the process."""
         if threading.current_thread() is threading.main_thread():
             for s in SIGNALS:
-                self._old[s] = signal.signal(s, self._handle)
-        return self
+                old = signal.signal(s, self._handle)
+                self._old.setdefault(s, old)
 
     def __exit__(self, *exc) -> None:
         for s, handler in self._old.items():

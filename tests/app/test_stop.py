@@ -88,6 +88,37 @@ def test_sigterm_to_the_group_checkpoints_marks_killed_and_the_resume_is_exact(t
     assert sorted(steps) == list(range(1, 9))  # each step once: saved before logged, so no duplicate after the resume
 
 
+def test_the_same_stop_under_a_local_ray_cluster(tmp_path):
+    """cluster.backend=ray, a local cluster the run starts: the group's SIGTERM reaches Ray's processes too, which leave
+    it to the driver; the checkpoint at the signal is written through the train rank, and nothing is left."""
+    db = mlflow_db(tmp_path / "mlflow.db")
+    run = cli([*RUN, "cluster.backend=ray", "cluster.address=local", f"logger.tracking_uri={db}",
+               f"hydra.run.dir={tmp_path}/run", f"save_debug_rollout_data={tmp_path}/dump"], tmp_path)
+    deadline = time.monotonic() + 600
+    while not (tmp_path / "dump" / "rollout_000004.jsonl").is_file():
+        assert run.poll() is None, run.communicate()[1][-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    sent = time.monotonic()
+    os.killpg(run.pid, signal.SIGTERM)
+    _, err = run.communicate(timeout=120)
+    took = time.monotonic() - sent
+    assert run.returncode == 143, err[-3000:]
+    assert took < 20, took
+    root = tmp_path / "run" / "checkpoints"
+    assert (root / "latest").read_text().strip() in ("rollout_000004", "rollout_000005", "rollout_000006")
+    assert load_state(root / (root / "latest").read_text().strip())["trainer"] is not None  # the rank's state came back
+    end = time.monotonic() + 10  # Ray's last processes go as the driver's cluster shuts down
+    while group_alive(run.pid) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert group_alive(run.pid) == []
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(db)
+    (mlrun,) = client.search_runs([client.get_experiment_by_name("slime_hydra").experiment_id])
+    assert mlrun.info.status == "KILLED"
+
+
 STOPPER = """
 import sys, time
 from slime_hydra.app.stop import GracefulStop
