@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from slime_hydra.tracking.retrying import RetryingTracker, steps_text
-from tests.support.runs import FAST, run_cli
+from tests.support.runs import FAST, cli_env
 
 
 class Flaky:
@@ -97,11 +99,6 @@ def test_an_mlflow_server_killed_mid_run_costs_points_not_the_run(tmp_path):
         args = ["logger.progress_bar=false", *FAST, "num_rollout=8", "save_interval=1", "eval=none", "warmstart=none",
                 f"logger.tracking_uri={uri}", "logger.tracker_retry_backoff_s=0.2", f"hydra.run.dir={tmp_path}/run",
                 "+reward.custom_rm={_target_:tests.support.plugins.slow_reward,seconds:0.03}"]
-        import subprocess
-        import sys
-
-        from tests.support.runs import cli_env
-
         proc = subprocess.Popen([sys.executable, "-m", "slime_hydra", *args], cwd=tmp_path, env=cli_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         client, deadline = MlflowClient(uri), time.monotonic() + 600
