@@ -1,7 +1,7 @@
 """A graceful stop on SIGTERM / SIGINT (app/stop.py): a signal between two periodic checkpoints ends the run after its
 step with a checkpoint, exit 143, its MLflow run KILLED and no process left, within stop_grace_s; a resume from that
 checkpoint ends with the metrics of an uninterrupted run, bit for bit. A step longer than the grace, or a second
-signal, is abandoned at once (exit 130 for SIGINT)."""
+signal, is abandoned at once (exit 130 for SIGINT). The run's files are owner-only (private_files)."""
 
 from __future__ import annotations
 
@@ -76,6 +76,10 @@ def test_sigterm_to_the_group_checkpoints_marks_killed_and_the_resume_is_exact(t
     client = MlflowClient(db)
     (mlrun,) = client.search_runs([client.get_experiment_by_name("slime_hydra").experiment_id])
     assert mlrun.info.status == "KILLED"
+    # private_files (on by default): the run directory is its user's only, and so is everything the run wrote in it
+    assert (tmp_path / "run").stat().st_mode & 0o777 == 0o700
+    written = [f for f in (tmp_path / "run").rglob("*") if ".hydra" not in f.parts and f.name != "main.log"]
+    assert written and all(f.stat().st_mode & 0o077 == 0 for f in written), [oct(f.stat().st_mode) for f in written]
 
     resumed = cli([*RUN, f"logger.tracking_uri={db}", f"load={root}", f"hydra.run.dir={tmp_path}/run2"], tmp_path)
     _, err = resumed.communicate(timeout=600)
