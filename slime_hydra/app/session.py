@@ -152,13 +152,14 @@ def track_and_run(cfg: RunConfig, c, out: Path, save_dir: str, composed: dict, m
 
 def private(hydra_dir: str) -> None:
     """private_files: what the run creates from here on is its user's only (umask 077: its output directory when it
-    is new, checkpoints, the weights, the MLflow store and its artifacts, Ray's temp dir), and so is the directory
-    Hydra made for the run before (its .hydra/ configs and log inside), unless that is the working directory or
-    above it (hydra.run.dir=.), which is not the run's to change."""
+    is new, checkpoints, the weights, the MLflow store and its artifacts, Ray's temp dir), and so is what Hydra made
+    for the run before (the directory, its .hydra/ configs and log), unless that directory is the working directory
+    or above it (hydra.run.dir=.), which is not the run's to change."""
     os.umask(0o077)
     d, cwd = Path(hydra_dir).resolve(), Path.cwd().resolve()
     if d.is_dir() and d != cwd and d not in cwd.parents:
-        os.chmod(d, 0o700)
+        for p in [d, *d.rglob("*")]:
+            os.chmod(p, 0o700 if p.is_dir() else 0o600)
 
 
 def task(cfg: DictConfig) -> float | None:

@@ -11,7 +11,8 @@ at once with that code; the last periodic checkpoint stands.
 What the signal reaches: the driver handles it; data workers ignore it (data/workers.py), SGLang servers run in
 sessions of their own, and the processes of a local Ray cluster the run starts leave it to the driver
 (orchestration/placement.py), so a scheduler's signal to the whole process group does not kill them under the step
-being finished. Signals are handled in the main thread only (a job of Hydra's Ray launcher runs elsewhere).
+being finished. Signals are handled in a driver's main thread only: a job of Hydra's Ray launcher runs as a task in a
+Ray worker ($RAY_RAYLET_PID set), whose signals are Ray's.
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ class GracefulStop:
         return self
 
     def take_signals(self) -> None:
-        """Handle SIGTERM and SIGINT here (main thread only). Again after ray.init: a Ray driver's core worker installs
-        a SIGTERM handler of its own, which aborts the process."""
-        if threading.current_thread() is threading.main_thread():
+        """Handle SIGTERM and SIGINT here (a driver's main thread only: module docstring). Again after ray.init: a Ray
+        driver's core worker installs a SIGTERM handler of its own, which aborts the process."""
+        if threading.current_thread() is threading.main_thread() and "RAY_RAYLET_PID" not in os.environ:
             for s in SIGNALS:
                 old = signal.signal(s, self._handle)
                 self._old.setdefault(s, old)

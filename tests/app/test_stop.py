@@ -24,8 +24,8 @@ RUN = [*FAST, "num_rollout=8", "save_interval=4", "eval=none", "warmstart=none",
        "+reward.custom_rm={_target_:tests.support.plugins.slow_reward,seconds:0.02}"]  # ~0.7 s a step
 
 
-def cli(args: list[str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "slime_hydra", *args], cwd=cwd, env=cli_env(), stdout=subprocess.PIPE,
+def cli(args: list[str], cwd: Path, **env: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "slime_hydra", *args], cwd=cwd, env=cli_env() | env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -78,8 +78,8 @@ def test_sigterm_to_the_group_checkpoints_marks_killed_and_the_resume_is_exact(t
     assert mlrun.info.status == "KILLED"
     # private_files (on by default): the run directory is its user's only, and so is everything the run wrote in it
     assert (tmp_path / "run").stat().st_mode & 0o777 == 0o700
-    written = [f for f in (tmp_path / "run").rglob("*") if ".hydra" not in f.parts and f.name != "main.log"]
-    assert written and all(f.stat().st_mode & 0o077 == 0 for f in written), [oct(f.stat().st_mode) for f in written]
+    written = list((tmp_path / "run").rglob("*"))  # Hydra's .hydra/ and log (made before the run) among them
+    assert written and all(f.stat().st_mode & 0o077 == 0 for f in written), [(f.name, oct(f.stat().st_mode)) for f in written]
 
     resumed = cli([*RUN, f"logger.tracking_uri={db}", f"load={root}", f"hydra.run.dir={tmp_path}/run2"], tmp_path)
     _, err = resumed.communicate(timeout=600)
@@ -94,10 +94,15 @@ def test_sigterm_to_the_group_checkpoints_marks_killed_and_the_resume_is_exact(t
 
 def test_the_same_stop_under_a_local_ray_cluster(tmp_path):
     """cluster.backend=ray, a local cluster the run starts: the group's SIGTERM reaches Ray's processes too, which leave
-    it to the driver; the checkpoint at the signal is written through the train rank, and nothing is left."""
+    it to the driver; the checkpoint at the signal is written through the train rank, and nothing is left. The cluster
+    kept its files in a temp dir of its own, owner-only, under $RAY_TMPDIR."""
+    import shutil
+    import tempfile
+
     db = mlflow_db(tmp_path / "mlflow.db")
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths must fit in 107 bytes
     run = cli([*RUN, "cluster.backend=ray", "cluster.address=local", f"logger.tracking_uri={db}",
-               f"hydra.run.dir={tmp_path}/run", f"save_debug_rollout_data={tmp_path}/dump"], tmp_path)
+               f"hydra.run.dir={tmp_path}/run", f"save_debug_rollout_data={tmp_path}/dump"], tmp_path, RAY_TMPDIR=str(ray_tmp))
     deadline = time.monotonic() + 600
     while not (tmp_path / "dump" / "rollout_000004.jsonl").is_file():
         assert run.poll() is None, run.communicate()[1][-3000:]
@@ -121,6 +126,9 @@ def test_the_same_stop_under_a_local_ray_cluster(tmp_path):
     client = MlflowClient(db)
     (mlrun,) = client.search_runs([client.get_experiment_by_name("slime_hydra").experiment_id])
     assert mlrun.info.status == "KILLED"
+    (own,) = ray_tmp.glob("ray-*")  # the run's own, not /tmp/ray shared with every user of the node
+    assert own.stat().st_mode & 0o777 == 0o700 and list(own.glob("session_*"))
+    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 STOPPER = """
