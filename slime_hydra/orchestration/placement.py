@@ -112,10 +112,11 @@ def signals_left_to_the_driver() -> Iterator[None]:
 
 
 def run_temp_dir() -> str:
-    """A local cluster's own temp dir (sessions, sockets, logs), created owner-only (mkdtemp: mode 0700), so two users
-    (or two runs) on one node never share /tmp/ray. $RAY_TMPDIR, if set, is where it goes; the system temp dir
-    otherwise (a short path: Ray's socket paths must fit in 107 bytes)."""
-    return tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("RAY_TMPDIR") or None)
+    """A local cluster's own temp dir (sessions, sockets, logs), so two users (or two runs) on one node never share
+    /tmp/ray: `<ray-XXXX>/r`, where ray-XXXX is made owner-only (mkdtemp: mode 0700) and `r` is Ray's (which Ray makes
+    world-writable, as it makes /tmp/ray: the owner-only parent closes it). $RAY_TMPDIR, if set, is where it goes; the
+    system temp dir otherwise (a short path: Ray's socket paths must fit in 107 bytes)."""
+    return os.path.join(tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("RAY_TMPDIR") or None), "r")
 
 
 def probe_gcs(address: str, timeout_s: float) -> None:

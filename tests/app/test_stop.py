@@ -127,7 +127,7 @@ def test_the_same_stop_under_a_local_ray_cluster(tmp_path):
     (mlrun,) = client.search_runs([client.get_experiment_by_name("slime_hydra").experiment_id])
     assert mlrun.info.status == "KILLED"
     (own,) = ray_tmp.glob("ray-*")  # the run's own, not /tmp/ray shared with every user of the node
-    assert own.stat().st_mode & 0o777 == 0o700 and list(own.glob("session_*"))
+    assert own.stat().st_mode & 0o777 == 0o700 and list(own.glob("r/session_*"))
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
