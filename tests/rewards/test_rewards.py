@@ -233,13 +233,13 @@ def test_math_equivalence_works_outside_the_main_thread():
 def test_a_reward_that_is_not_a_finite_number_is_a_reward_failure(bad, caplog):
     # samples 0 and 4 of 6 get the bad value; the others digit_reward's (digits of "2" or "3": 1 % 3 = 1)
     node = {"_target_": "tests.support.plugins.invalid_reward", "bad": bad}
-    scorer = RewardScorer(RewardConfig(custom_rm=node, rm_failure_score=-1.0))
+    scorer = reward_scorer(RewardConfig(custom_rm=node, rm_failure_score=-1.0))
     s = samples()
     scorer.score(s)
     assert [x.reward for x in s] == [-1.0, 1.0, 1.0, 1.0, -1.0, 1.0]  # rm_on_failure=zero: rm_failure_score
     assert scorer.metrics()["reward/invalid_rewards"] == 2
     assert "sample 0" in caplog.text and "reward.rm_on_failure=zero" in caplog.text
-    raising = RewardScorer(RewardConfig(custom_rm=node, rm_on_failure="raise"))
+    raising = reward_scorer(RewardConfig(custom_rm=node, rm_on_failure="raise"))
     with pytest.raises(RunError, match=r"gave sample 0 the reward .*reward.rm_on_failure=zero"):
         raising.score(samples())
 
@@ -247,11 +247,11 @@ def test_a_reward_that_is_not_a_finite_number_is_a_reward_failure(bad, caplog):
 def test_a_dict_reward_without_its_key_is_a_failure_and_without_reward_key_a_config_error():
     node = {"_target_": "tests.support.plugins.invalid_reward", "bad": "missing"}
     s = samples()
-    scorer = RewardScorer(RewardConfig(custom_rm=node, reward_key="score"))
+    scorer = reward_scorer(RewardConfig(custom_rm=node, reward_key="score"))
     scorer.score(s)
     assert s[0].reward == 0.0 and scorer.metrics()["reward/invalid_rewards"] == 2
     with pytest.raises(UserError, match="set reward.reward_key to one of"):
-        RewardScorer(RewardConfig(custom_rm=node)).score(samples())
+        reward_scorer(RewardConfig(custom_rm=node)).score(samples())
 
 
 def test_rm_failure_score_must_be_finite():
