@@ -48,3 +48,11 @@ class RunError(Exception):
 
 class StallError(RunError):
     """The stall watchdog fired: no rollout step finished in time."""
+
+
+class Interrupted(RunError):
+    """The run stopped on a signal (SIGTERM, SIGINT) after a checkpoint: the exit code is 128 + the signal."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code

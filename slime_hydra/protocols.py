@@ -209,6 +209,10 @@ class Tracker(Protocol):
 
     def close(self, status: str = "FINISHED") -> None: ...
 
+    def missing_report(self) -> Optional[str]:
+        """What the run could not log (a tracker outage: tracking/retrying.py), for the run's end; None when nothing."""
+        ...
+
 
 class Scorer(Protocol):
     def score(self, samples: list[Sample]) -> None:

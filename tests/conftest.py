@@ -53,7 +53,8 @@ LONG_MODULES = {
     "tests/orchestration/test_sglang_engines.py": 252, "tests/orchestration/test_megatron_group.py": 118,
     "tests/engine/test_checkpoint.py": 111, "tests/training/megatron/test_critic.py": 110,
     "tests/engine/test_watchdog.py": 89, "tests/training/test_packing.py": 79, "tests/orchestration/test_ray_backend.py": 79,
-    "tests/config/test_experiments.py": 77, "tests/rollout/sglang/test_weights.py": 54,
+    "tests/config/test_experiments.py": 77, "tests/app/test_stop.py": 73, "tests/rollout/sglang/test_weights.py": 54,
+    "tests/tracking/test_store.py": 47,
 }
 
 

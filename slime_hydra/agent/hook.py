@@ -16,9 +16,12 @@ The contract (checked at validation time, before anything heavy starts):
   is itself a `_target_` node arrives as a factory (`{"env": {"_target_": "pkg.Env"}}` passes `env=`, and `env()`
   builds a fresh environment).
 
-A sample's `metadata.custom_generate` (a dotted path or a `_target_` node) overrides the configured hook for
-that sample, as slime's per-sample `generate_function_path` does; such samples are checked when the data loads, and
-the composition floor's loader (app/plugins.load_hook, handed to `AgentRollout`) turns each into its hook once.
+A sample's `metadata.custom_generate` overrides the configured hook for that sample, as slime's per-sample
+`generate_function_path` does, but by name only: it names a hook of `rollout.generate_hooks`, a registry filled
+from the config (verl's agent registry), never a dotted path of its own. Data is not code: a row could otherwise
+import and run anything. Rows are checked as they are read (data/rows.py: a row naming anything else is a bad
+row, in memory and streamed alike), and a sample naming an unregistered hook is refused here too. The composition
+floor's loader (app/plugins.load_hook, handed to `AgentRollout`) turns each registered hook into its function once.
 Left out: hooks that fan one sample out into several (slime allows it); a group's size must stay fixed here.
 """
 
@@ -28,9 +31,10 @@ import asyncio
 import dataclasses
 import inspect
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 from slime_hydra.config.plugins import check_target, import_target
+from slime_hydra.errors import UserError
 from slime_hydra.protocols import RolloutBackend, Weights
 from slime_hydra.types import Sample, SamplingParams, Status
 
@@ -74,16 +78,14 @@ def check_generate(key: str, spec: Any, problems: list[str]) -> None:
             check_target(f"{key}.{name}", value, 0, problems)
 
 
-def check_sample_overrides(metadatas: Iterable[dict], what: str) -> list[str]:
-    """Problems with the samples' metadata.custom_generate overrides (each distinct one checked once)."""
+def check_hooks(custom_generate: dict, generate_hooks: dict) -> list[str]:
+    """rollout.custom_generate and every hook of rollout.generate_hooks import, are async and bind their call."""
     problems: list[str] = []
-    seen: set[str] = set()
-    for i, md in enumerate(metadatas):
-        spec = (md or {}).get("custom_generate")
-        if spec is None or repr(spec) in seen:
-            continue
-        seen.add(repr(spec))
-        check_generate(f"{what} (prompt {i + 1}) metadata.custom_generate", spec, problems)
+    check_generate("rollout.custom_generate", custom_generate, problems)
+    for name, spec in generate_hooks.items():
+        if not spec:
+            problems.append(f"rollout.generate_hooks.{name} is empty; give it a _target_ (an async generate function)")
+        check_generate(f"rollout.generate_hooks.{name}", spec, problems)
     return problems
 
 
@@ -149,30 +151,31 @@ class BatchedGenerate:
 class AgentRollout:
     """A RolloutBackend that runs each sample through its generate hook over the wrapped backend.
 
-    `default_hook` is rollout.custom_generate (None: plain generation for a sample that names no hook); `load_hook`
-    turns a hook's spec into the hook (the composition floor's: app/plugins.load_hook)."""
+    `default_hook` is rollout.custom_generate (None: plain generation for a sample that names no hook), `hooks`
+    rollout.generate_hooks (name -> spec: what a sample's metadata.custom_generate may name); `load_hook` turns a
+    hook's spec into the hook (the composition floor's: app/plugins.load_hook)."""
 
     def __init__(self, backend: RolloutBackend, tokenizer, default_hook: Optional[dict], max_turns: int,
-                 load_hook: Callable[[Any], Callable[..., Awaitable[Sample]]]):
+                 load_hook: Callable[[Any], Callable[..., Awaitable[Sample]]], hooks: Optional[dict[str, Any]] = None):
         self.backend = backend
         self.tokenizer = tokenizer
         self.load_hook = load_hook
         self.default_hook = load_hook(default_hook) if default_hook else None
         self.max_turns = max_turns
-        self._hooks: dict[str, Callable] = {}
+        self.hooks = {name: load_hook(spec) for name, spec in (hooks or {}).items()}  # rollout.generate_hooks
 
     @property
     def weight_version(self) -> int:
         return self.backend.weight_version
 
     def hook_for(self, s: Sample) -> Optional[Callable]:
-        spec = s.metadata.get("custom_generate")
-        if spec is None:
+        name = s.metadata.get("custom_generate")
+        if name is None:
             return self.default_hook
-        key = repr(spec)
-        if key not in self._hooks:
-            self._hooks[key] = self.load_hook(spec)
-        return self._hooks[key]
+        if not isinstance(name, str) or name not in self.hooks:  # rows are checked when read: a sample from elsewhere
+            raise UserError(f"sample {s.index}: metadata.custom_generate={name!r:.80} is not a hook of "
+                            f"rollout.generate_hooks ({sorted(self.hooks)}); a sample names a registered hook only")
+        return self.hooks[name]
 
     async def generate(self, samples: list[Sample], sampling: SamplingParams) -> list[Sample]:
         plain = [s for s in samples if self.hook_for(s) is None]
@@ -217,9 +220,9 @@ class AgentRollout:
 
 
 def wrap_rollout(backend, tokenizer, custom_generate: dict, max_turns: int, load_hook: Callable[[Any], Callable],
-                 metadatas: Iterable[dict] = (), any_sample: bool = False):
-    """The backend itself when no hook is configured and no sample asks for one; else an AgentRollout.
-    any_sample: the samples are not known yet (streamed data); any may ask for a hook."""
-    if not custom_generate and not any_sample and not any((md or {}).get("custom_generate") for md in metadatas):
+                 generate_hooks: Optional[dict] = None):
+    """The backend itself when no hook is configured (no sample may then name one: rows are checked); else an
+    AgentRollout."""
+    if not custom_generate and not generate_hooks:
         return backend
-    return AgentRollout(backend, tokenizer, custom_generate or None, max_turns, load_hook)
+    return AgentRollout(backend, tokenizer, custom_generate or None, max_turns, load_hook, generate_hooks)

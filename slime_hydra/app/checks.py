@@ -11,10 +11,10 @@ cluster.gpu_memory_gb is unset); every problem is collected, so the user sees th
 
 from __future__ import annotations
 
-from slime_hydra.agent.hook import check_generate
+from slime_hydra.agent.hook import check_hooks
 from slime_hydra.algorithms import checks as estimator_checks
 from slime_hydra.app import memory
-from slime_hydra.app.derive import derive
+from slime_hydra.app.derive import derive, model_context
 from slime_hydra.config import checks as config_checks
 from slime_hydra.config.datafiles import eval_datasets
 from slime_hydra.config.schema import RunConfig
@@ -39,7 +39,8 @@ def check(given: RunConfig) -> tuple[RunConfig, list[str], list[str]]:
     more, more_notes = model_checks.check_learning_rate(cfg.model, cfg.train, cfg.load)
     problems, notes = problems + more, notes + more_notes
     problems += train_checks(cfg, notes)
-    check_generate("rollout.custom_generate", cfg.rollout.custom_generate, problems)
+    problems += check_hooks(cfg.rollout.custom_generate, cfg.rollout.generate_hooks)
+    problems += check_prompt_room(cfg)
     rm_types = {"reward.rm_type": cfg.reward.rm_type}
     rm_types |= {f"eval.eval_prompt_data.{n}.rm_type": d.rm_type for n, d in eval_datasets(cfg).items()}
     problems += reward_checks.check(cfg.reward, rm_types)
@@ -70,3 +71,20 @@ def train_checks(cfg: RunConfig, notes: list[str]) -> list[str]:
         notes += torch_checks.half_precision_notes(cfg.model, cfg.train)
         problems += torch_checks.check(cfg.parallelism)
     return problems
+
+
+def check_prompt_room(cfg: RunConfig) -> list[str]:
+    """A prompt and its response fit the model's context (app/derive.py derives the prompt limit when unset)."""
+    context, source = model_context(cfg)
+    response, limit = cfg.rollout.rollout_max_response_len, cfg.data.rollout_max_prompt_len
+    if context is None:
+        return []
+    room = context - response
+    if room < 1:
+        return [f"rollout.rollout_max_response_len={response} leaves no room for a prompt in the model's context {context} "
+                f"({source}); lower it"]
+    if limit is not None and limit > room:
+        return [f"data.rollout_max_prompt_len={limit} is over the model's context {context} ({source}) - "
+                f"rollout.rollout_max_response_len={response} = {room}: a longer prompt fails mid-run; set "
+                f"data.rollout_max_prompt_len<={room}, or null to take {room}"]
+    return []

@@ -32,6 +32,7 @@ from slime_hydra.config.checks_batch import rollout_samples_text
 from slime_hydra.config.datafiles import count_prompts
 from slime_hydra.config.schema import AlgorithmConfig, ClusterConfig, RunConfig, TrainConfig
 from slime_hydra.models.checks import resolve_model_impl
+from slime_hydra.models.size import context_length
 from slime_hydra.orchestration.checks import data_parallel_ranks
 
 
@@ -48,6 +49,7 @@ def derive(cfg: RunConfig) -> tuple[RunConfig, list[str]]:
         cfg, model=dataclasses.replace(cfg.model, model_impl=model_impl), algorithm=algorithm, train=train,
         rollout=dataclasses.replace(r, over_sampling_batch_size=pick(r.over_sampling_batch_size, r.rollout_batch_size)),
         cluster=derive_cluster(cfg.cluster, cfg.train_mode == "async"), num_rollout=num_rollout,
+        data=dataclasses.replace(cfg.data, rollout_max_prompt_len=derive_max_prompt_len(cfg, notes)),
         debug_train_only=cfg.debug_train_only or bool(cfg.load_debug_rollout_data)), notes
 
 
@@ -117,6 +119,25 @@ def derive_num_rollout(cfg: RunConfig, notes: list[str]) -> Optional[int]:
     notes.append(f"num_rollout = num_epoch × prompts // rollout.rollout_batch_size = {cfg.num_epoch} × {n} // "
                  f"{r.rollout_batch_size} = {num_rollout}")
     return num_rollout
+
+
+def model_context(cfg: RunConfig) -> tuple[Optional[int], str]:
+    """(the longest sequence a rollout runs, in tokens; where that comes from): rollout.sglang.context_length when the
+    SGLang engines are given one, else the model's (models/size.py)."""
+    r = cfg.rollout
+    if r.backend == "sglang" and r.sglang.get("context_length"):
+        return int(r.sglang["context_length"]), "rollout.sglang.context_length"
+    return context_length(cfg.model)
+
+
+def derive_max_prompt_len(cfg: RunConfig, notes: list[str]) -> Optional[int]:
+    d, response = cfg.data, cfg.rollout.rollout_max_response_len
+    context, source = model_context(cfg)
+    if d.rollout_max_prompt_len is not None or context is None or context - response < 1:
+        return d.rollout_max_prompt_len  # (no room at all: app/checks.py names it)
+    notes.append(f"data.rollout_max_prompt_len={context - response}: the model's context {context} ({source}) - "
+                 f"rollout.rollout_max_response_len={response}; longer prompts are dropped and counted in data/overlong_rows")
+    return context - response
 
 
 def derive_cluster(c: ClusterConfig, train_async: bool) -> ClusterConfig:

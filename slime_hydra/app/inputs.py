@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from slime_hydra.agent.hook import check_sample_overrides, wrap_rollout
+from slime_hydra.agent.hook import wrap_rollout
 from slime_hydra.app.debug_split import check_resume, is_rollout_only, rollout_dump_meta
+from slime_hydra.app.derive import model_context
 from slime_hydra.app.plugins import load_hook, load_target, reward_scorer
 from slime_hydra.config.datafiles import eval_datasets, resolve
 from slime_hydra.config.schema import ModelConfig, RunConfig
@@ -26,7 +27,7 @@ from slime_hydra.data.stream import read_head, streaming_source
 from slime_hydra.engine import checkpoint as ckpt
 from slime_hydra.engine.components import Components
 from slime_hydra.engine.steps import EvalSet, eval_sampling, rollout_sampling
-from slime_hydra.errors import ConfigError, DataError
+from slime_hydra.errors import DataError
 from slime_hydra.models.build import build_tokenizer
 from slime_hydra.protocols import PromptSource, RolloutBackend, Tracker, TrainBackend
 from slime_hydra.runtime import seed_everything
@@ -41,7 +42,6 @@ class Inputs:
     sampling: SamplingParams
     train_prompts: list[Prompt]
     eval_sets: dict[str, EvalSet]
-    metadatas: list[dict]  # every prompt's, train then eval: per-sample generate hooks
     resume: Optional[Path]  # the checkpoint `load` resolves to
     model: ModelConfig  # cfg.model, pointed at the checkpoint when resuming
     state: Optional[dict]  # its engine state (engine/components.engine_state)
@@ -56,7 +56,8 @@ def load_data(cfg: RunConfig, tokenizer) -> list[Prompt]:
     return load_prompts(d.prompt_data, tokenizer, input_key=d.input_key, label_key=d.label_key,
                         metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template,
                         max_prompt_len=d.rollout_max_prompt_len, what="data.prompt_data", tool_key=d.tool_key,
-                        on_bad_row=d.on_bad_row)
+                        on_bad_row=d.on_bad_row, generate_hooks=frozenset(cfg.rollout.generate_hooks),
+                        max_line_bytes=d.max_line_bytes)
 
 
 def stream_files(cfg: RunConfig, tokenizer) -> tuple[list, Prep]:
@@ -64,8 +65,8 @@ def stream_files(cfg: RunConfig, tokenizer) -> tuple[list, Prep]:
     files, problems = resolve(d.prompt_data)
     if problems:
         raise DataError("; ".join(problems))
-    return files, Prep(RowKeys(d.input_key, d.label_key, d.metadata_key, d.tool_key), tokenizer, d.apply_chat_template,
-                       d.rollout_max_prompt_len)
+    keys = RowKeys(d.input_key, d.label_key, d.metadata_key, d.tool_key, generate_hooks=frozenset(cfg.rollout.generate_hooks))
+    return files, Prep(keys, tokenizer, d.apply_chat_template, d.rollout_max_prompt_len, d.max_line_bytes)
 
 
 def build_source(cfg: RunConfig, tokenizer, train_prompts: list[Prompt]) -> PromptSource:
@@ -77,13 +78,23 @@ def build_source(cfg: RunConfig, tokenizer, train_prompts: list[Prompt]) -> Prom
                             d.shuffle_buffer_size, d.on_bad_row, d.num_workers, d.worker_timeout_s)
 
 
+def eval_max_prompt_len(cfg: RunConfig, eval_max_response_len: int) -> Optional[int]:
+    """An eval set's prompt limit: data.rollout_max_prompt_len, and no more than the model's context leaves beside the
+    set's own response length (app/derive.py)."""
+    context, _ = model_context(cfg)
+    limits = [x for x in (cfg.data.rollout_max_prompt_len, context and context - eval_max_response_len) if x is not None]
+    return max(min(limits), 1) if limits else None
+
+
 def build_eval_sets(cfg: RunConfig, tokenizer, sampling: SamplingParams) -> dict[str, EvalSet]:
     d, sets = cfg.data, {}
     for name, ds in eval_datasets(cfg).items():
         prompts = load_prompts(ds.path, tokenizer, input_key=ds.input_key, label_key=ds.label_key,
                                metadata_key=ds.metadata_key, apply_chat_template=d.apply_chat_template,
-                               max_prompt_len=d.rollout_max_prompt_len, what=f"eval.eval_prompt_data.{name}",
-                               tool_key=d.tool_key, on_bad_row=d.on_bad_row, key_prefix=f"eval.eval_prompt_data.{name}")
+                               max_prompt_len=eval_max_prompt_len(cfg, ds.eval_max_response_len),
+                               what=f"eval.eval_prompt_data.{name}", max_line_bytes=d.max_line_bytes,
+                               tool_key=d.tool_key, on_bad_row=d.on_bad_row, key_prefix=f"eval.eval_prompt_data.{name}",
+                               generate_hooks=frozenset(cfg.rollout.generate_hooks))
         scorer = reward_scorer(dataclasses.replace(cfg.reward, rm_type=ds.rm_type), cfg.eval.eval_reward_key)
         sets[name] = EvalSet(prompts, eval_sampling(ds, sampling), ds.n_samples_per_eval_prompt, scorer)
     return sets
@@ -97,15 +108,12 @@ def prepare(cfg: RunConfig) -> Inputs:
     train_prompts = load_data(cfg, tokenizer)
     # a train-only replay has no rollout engine to evaluate with
     eval_sets = {} if cfg.load_debug_rollout_data else build_eval_sets(cfg, tokenizer, sampling)
-    metadatas = [p.metadata for p in train_prompts] + [p.metadata for es in eval_sets.values() for p in es.prompts]
-    if problems := check_sample_overrides(metadatas, "data"):  # per-sample generate hooks, before any model
-        raise ConfigError(problems)
     resume = ckpt.resolve_checkpoint(cfg.load) if cfg.load else None
     state = ckpt.load_state(resume) if resume else None
     check_resume(cfg, resume, state)  # a rollout-only checkpoint resumes only a rollout-only run
     # a rollout-only checkpoint holds no weights: the run starts from model.hf_checkpoint again
     model = cfg.model if resume is None or is_rollout_only(state) else dataclasses.replace(cfg.model, hf_checkpoint=str(resume))
-    return Inputs(tokenizer, sampling, train_prompts, eval_sets, metadatas, resume, model, state)
+    return Inputs(tokenizer, sampling, train_prompts, eval_sets, resume, model, state)
 
 
 def make_tracker(cfg: RunConfig, inputs: Inputs, output_dir: str, parent_run_id: Optional[str]) -> Tracker:
@@ -120,7 +128,7 @@ def assemble(cfg: RunConfig, inputs: Inputs, source, trainer: TrainBackend, roll
     if any; a replay (`buffer` given: the dump's samples) generates nothing and is not."""
     if buffer is None:
         rollout = wrap_rollout(rollout, inputs.tokenizer, cfg.rollout.custom_generate, cfg.rollout.max_turns, load_hook,
-                               inputs.metadatas, any_sample=cfg.data.streaming)
+                               cfg.rollout.generate_hooks)
         buffer = DataBuffer(source, load_target(cfg.rollout.buffer_filter))
     return Components(inputs.tokenizer, inputs.train_prompts, inputs.eval_sets, source, trainer, rollout,
                       reward_scorer(cfg.reward), tracker, inputs.sampling, advantage, output_dir=output_dir,

@@ -28,8 +28,9 @@ def load_target(node: Optional[dict[str, Any]]) -> Optional[Callable[..., Any]]:
 
 
 def load_hook(spec: Any) -> Callable[..., Any]:
-    """A generate hook (rollout.custom_generate, or a sample's metadata.custom_generate: a dotted path or a `_target_`
-    node) -> the async function with its keys bound, a `_target_` key bound as a factory."""
+    """A generate hook (rollout.custom_generate, or one of rollout.generate_hooks, which a sample's
+    metadata.custom_generate names: a dotted path or a `_target_` node) -> the async function with its keys bound, a
+    `_target_` key bound as a factory."""
     node = as_node(spec)
     assert node, "an unset hook is not loaded"  # callers check the spec first
     keys = {k: (load_target(v) if isinstance(v, dict) and "_target_" in v else v) for k, v in node.items()}

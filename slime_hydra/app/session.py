@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from slime_hydra.app.build import build
 from slime_hydra.app.plugins import load_target
 from slime_hydra.app.preflight import check_composed
+from slime_hydra.app.stop import GracefulStop
 from slime_hydra.config.redact import redact_config, redact_override, redact_yaml_file, secrets_in
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.engine import loop, report
@@ -25,7 +29,7 @@ from slime_hydra.engine.checkpoint import resume_hint
 from slime_hydra.engine.collect import RolloutPlan
 from slime_hydra.engine.warmstart import WarmStart
 from slime_hydra.engine.watchdog import StallWatchdog
-from slime_hydra.errors import ConfigError
+from slime_hydra.errors import ConfigError, Interrupted
 from slime_hydra.tracking import sweep
 
 
@@ -74,6 +78,25 @@ def watchdog(cfg: RunConfig, c, out: Path, save_dir: str):
                          out / "stall_stacks.txt", lambda: resume_hint(save_dir), more_stacks=c.more_stacks)
 
 
+def report_missing(tracker, out: Path) -> None:
+    """What the tracker could not log (tracking/retrying.py): printed, and kept in <output_dir>/tracker_missing.txt."""
+    if text := tracker.missing_report():
+        print(f"warning: {text}", file=sys.stderr, flush=True)
+        (out / "tracker_missing.txt").write_text(text + "\n")
+
+
+def load_counts(cfg: RunConfig, c) -> dict[str, float]:
+    """Rows dropped at load, counted once, at step 0 (streamed data counts them per rollout): bad rows with
+    data.on_bad_row=skip (data/skipped_rows, eval/<set>/skipped_rows, zeros too), prompts over the length limit
+    (data/overlong_rows, eval/<set>/overlong_rows; with skip, or when there are any)."""
+    sets = ({} if cfg.data.streaming else {"data": c.train_prompts}) | {f"eval/{n}": s.prompts for n, s in c.eval_sets.items()}
+    skip = cfg.data.on_bad_row == "skip"
+    out = {f"{k}/overlong_rows": float(n) for k, p in sets.items() if (n := getattr(p, "overlong_rows", 0)) or skip}
+    if skip:
+        out |= {f"{k}/skipped_rows": float(getattr(p, "skipped_rows", 0)) for k, p in sets.items()}
+    return out
+
+
 def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_run_id: str | None = None) -> dict[str, Any]:
     """Runs and returns the summary (metric -> first/last/max)."""
     out = Path(output_dir)
@@ -83,22 +106,39 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_ru
     meta = {"experiment_name": cfg.experiment_name, "git_sha": git_sha(), "overrides": " ".join(map(redact_override, overrides))}
     (out / "run_info.json").write_text(json.dumps(meta, indent=2))
 
-    c = build(cfg, str(out), parent_run_id)
+    save_dir = cfg.save or str(out / "checkpoints")
+    built: list = []  # the Components once built: what a hard stop tells the tracker
+    with GracefulStop(cfg.stop_grace_s, functools.partial(abandon, built, save_dir)) as stop:
+        c = build(cfg, str(out), parent_run_id)
+        built.append(c)
+        stop.take_signals()  # again: ray.init (cluster.backend=ray) puts its own SIGTERM handler in their place
+        return track_and_run(cfg, c, out, save_dir, composed, meta, stop)
+
+
+def abandon(built: list, save_dir: str, why: str) -> None:
+    """A hard stop (app/stop.py): the step in progress is lost; the tracker run is marked KILLED."""
+    print(f"stopping now ({why}): the step in progress is abandoned. {resume_hint(save_dir)}", file=sys.stderr, flush=True)
+    if built:
+        built[0].tracker.close("KILLED")
+
+
+def track_and_run(cfg: RunConfig, c, out: Path, save_dir: str, composed: dict, meta: dict, stop: GracefulStop) -> dict[str, Any]:
+    """The loop between the tracker's opening and its closing; a signal ends it after a checkpoint (Interrupted)."""
     if c.resumed_from is None:
         c.tracker.log_params(flatten(composed))
-        if cfg.data.on_bad_row == "skip":  # rows dropped at load: counted once, at step 0 (streamed data: per rollout)
-            skipped = {} if cfg.data.streaming else {"data/skipped_rows": getattr(c.train_prompts, "skipped_rows", 0)}
-            skipped |= {f"eval/{n}/skipped_rows": getattr(s.prompts, "skipped_rows", 0) for n, s in c.eval_sets.items()}
-            if skipped:
-                c.tracker.log_metrics(skipped, 0)
-                c.state.history.append((0, skipped))
+        if dropped := load_counts(cfg, c):
+            c.tracker.log_metrics(dropped, 0)
+            c.state.history.append((0, dropped))
     c.tracker.set_tags({"experiment_name": cfg.experiment_name, "git_sha": meta["git_sha"], "overrides": meta["overrides"] or "(none)",
                         "output_dir": str(out)})
     status = "FAILED"
     try:
-        save_dir = cfg.save or str(out / "checkpoints")
         with watchdog(cfg, c, out, save_dir):
-            history = loop.run(loop_settings(cfg), c, save_dir)
+            history = loop.run(loop_settings(cfg), c, save_dir, stop.requested)
+        if stop.requested():
+            status = "KILLED"
+            raise Interrupted(f"stopped by {stop.name} after the step in progress, its checkpoint written. "
+                              f"{resume_hint(save_dir)}", stop.exit_code)
         summary = report.summarize(history)
         print("\n" + report.summary_table(summary), flush=True)
         for path in (out / "composed_config.yaml", report.plot_curves(history, out / "reward_curve.png"),
@@ -108,9 +148,20 @@ def run_session(cfg: RunConfig, output_dir: str, overrides: list[str], parent_ru
         return summary
     finally:
         c.tracker.close(status)
+        report_missing(c.tracker, out)
         c.rollout.shutdown()
 
 
+def private(hydra_dir: str) -> None:
+    """private_files: what the run creates from here on is its user's only (umask 077: its output directory when it
+    is new, checkpoints, the weights, the MLflow store and its artifacts, Ray's temp dir), and so is what Hydra made
+    for the run before (the directory, its .hydra/ configs and log), unless that directory is the working directory
+    or above it (hydra.run.dir=.), which is not the run's to change."""
+    os.umask(0o077)
+    d, cwd = Path(hydra_dir).resolve(), Path.cwd().resolve()
+    if d.is_dir() and d != cwd and d not in cwd.parents:
+        for p in [d, *d.rglob("*")]:
+            os.chmod(p, 0o700 if p.is_dir() else 0o600)
 def redact_hydra_files(hc, secrets: set[str]) -> None:
     """Hydra saved the job's config and overrides (`.hydra/`, a sweep's multirun.yaml) before the task: masked here."""
     from hydra.types import RunMode
@@ -134,6 +185,8 @@ def task(cfg: DictConfig) -> float | None:
     if problems:
         raise ConfigError(problems)
     output_dir = typed.output_dir or hc.runtime.output_dir
+    if typed.private_files:
+        private(hc.runtime.output_dir)
     typed = dataclasses.replace(typed, logger=dataclasses.replace(
         typed.logger, tracking_uri=sweep.absolute_tracking_uri(typed.logger.tracking_uri, hc.runtime.cwd)))
     parent = sweep.parent_run_id(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None

@@ -123,6 +123,8 @@ def check_stall_watchdog(cfg: RunConfig, problems: list[str]) -> None:
     for key in ("stall_timeout_factor", "stall_min_timeout_s"):
         if getattr(cfg, key) <= 0:
             problems.append(f"{key}={getattr(cfg, key)} must be > 0; stall_watchdog=false switches the watchdog off")
+    if cfg.stop_grace_s <= 0:
+        problems.append(f"stop_grace_s={cfg.stop_grace_s} must be > 0 (seconds from a SIGTERM to the run's exit)")
 
 
 def check_cluster(cfg: RunConfig, problems: list[str]) -> None:

@@ -1,7 +1,8 @@
 """Checks of the data keys: data.prompt_data as a file, a glob, a directory or a Hugging Face dataset
-(config/datafiles.py), the eval sets' files, and the keys of reading at scale (data.streaming,
+(config/datafiles.py), the eval sets' files, data.max_line_bytes, and the keys of reading at scale (data.streaming,
 data.shuffle_buffer_size, data.num_workers, data.worker_timeout_s). What a cluster backend cannot stream is refused
-beside it (orchestration/checks.py).
+beside it (orchestration/checks.py); the prompt length against the model's context is the composition floor's
+(app/derive.py, app/checks.py). A file is tested for content a chunk at a time, never a line whole.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from slime_hydra.config.datafiles import eval_datasets, resolve
+from slime_hydra.config.datafiles import blank_file, eval_datasets, resolve
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.errors import Missing
 
@@ -20,7 +21,7 @@ def check_data(cfg: RunConfig, problems: list[str]) -> None:
             problems.append(f"{key} is not set; set it to a jsonl file of {{\"{cfg.data.input_key}\": ..., \"{cfg.data.label_key}\": ...}} lines")
         elif not Path(path).is_file():
             problems.append(Missing(f"{key}={path}: file not found; set {key} to an existing jsonl file", key, path))
-        elif Path(path).stat().st_size == 0 or (not path.endswith(".parquet") and not any(line.strip() for line in open(path, "rb"))):
+        elif Path(path).stat().st_size == 0 or (not path.endswith(".parquet") and blank_file(path)):
             problems.append(f"{key}={path}: the file is empty; it needs one JSON object per line")
 
     check_prompt_data(cfg, problems)  # a glob, a directory, a Hugging Face dataset too
@@ -37,10 +38,11 @@ def check_prompt_data(cfg: RunConfig, problems: list[str]) -> None:
         return
     files, found = resolve(d.prompt_data)
     problems += found
-    for f in files:  # `any` stops at the first non-blank line: a large file is not read here
-        if f.kind != "hf" and (Path(f.path).stat().st_size == 0 or (
-                f.kind == "jsonl" and not any(line.strip() for line in open(f.path, "rb")))):
+    for f in files:
+        if f.kind != "hf" and (Path(f.path).stat().st_size == 0 or (f.kind == "jsonl" and blank_file(f.path))):
             problems.append(f"data.prompt_data={f.path}: the file is empty; it needs one JSON object per line")
+    if d.max_line_bytes < 1:
+        problems.append(f"data.max_line_bytes={d.max_line_bytes} must be >= 1 (bytes)")
 
 
 def check_streaming(cfg: RunConfig, problems: list[str]) -> None:

@@ -128,3 +128,13 @@ def eval_datasets(cfg: RunConfig, problems: Optional[list[str]] = None) -> dict[
             eval_top_k=pick(ds.eval_top_k, e.eval_top_k, r.rollout_top_k),
             eval_max_response_len=pick(ds.eval_max_response_len, e.eval_max_response_len, r.rollout_max_response_len))
     return out
+
+
+def blank_file(path: str, chunk: int = 1 << 16) -> bool:
+    """Whether a file holds only whitespace, read a chunk at a time up to its first other byte (never a line whole:
+    a file may be one line of gigabytes)."""
+    with open(path, "rb") as f:
+        while data := f.read(chunk):
+            if data.strip():
+                return False
+    return True

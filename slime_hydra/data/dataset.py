@@ -6,13 +6,16 @@ Chat-list prompts are rendered with the tokenizer's chat template when `apply_ch
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from slime_hydra.config.datafiles import resolve
-from slime_hydra.data.rows import RowKeys, read_rows
+from slime_hydra.data.rows import MAX_LINE_BYTES, RowKeys, read_rows
 from slime_hydra.errors import DataError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -26,9 +29,10 @@ class Prompt:
 
 class PromptList(list):
     """The prompts of one file; a plain list to every reader, which also carries how many bad rows
-    data.on_bad_row=skip dropped (logged as a metric)."""
+    data.on_bad_row=skip dropped and how many prompts were over the length limit (logged as metrics)."""
 
     skipped_rows: int = 0
+    overlong_rows: int = 0
 
 
 def render_text(row: dict, tokenizer, apply_chat_template: bool, path: str, input_key: str) -> str:
@@ -60,27 +64,35 @@ def load_prompts(
     tool_key: Optional[str] = None,
     on_bad_row: str = "error",
     key_prefix: str = "data",
+    generate_hooks: frozenset[str] = frozenset(),
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> PromptList:
-    """Checked, rendered and tokenized prompts; key_prefix names the config group of input_key/label_key.
+    """Checked, rendered and tokenized prompts; key_prefix names the config group of input_key/label_key,
+    generate_hooks the names a row's metadata.custom_generate may take.
 
     `path` is any data.prompt_data spec (config/datafiles.py): its files are read in order, each checked
     as one file."""
-    keys = RowKeys(input_key, label_key, metadata_key, tool_key, key_prefix)
+    keys = RowKeys(input_key, label_key, metadata_key, tool_key, key_prefix, frozenset(generate_hooks))
     files, problems = resolve(path, what)
     if problems:
         raise DataError("; ".join(problems))
     prompts = PromptList()
     for f in files:
-        read = read_rows(f.path, keys, what, on_bad_row, None if f.kind in ("jsonl", "parquet") else iter_dataset)
+        read = read_rows(f.path, keys, what, on_bad_row, None if f.kind in ("jsonl", "parquet") else iter_dataset,
+                         max_line_bytes)
         prompts.skipped_rows += len(read.skipped)
         for row in read.rows:
             text = render_text(row, tokenizer, apply_chat_template, f.path, input_key)
             tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
             if max_prompt_len is not None and len(tokens) > max_prompt_len:
+                prompts.overlong_rows += 1
                 continue
             prompts.append(to_prompt(row, text, tokens))
     if not prompts:
         raise DataError(f"{what}: every prompt in {path} is longer than data.rollout_max_prompt_len={max_prompt_len}")
+    if prompts.overlong_rows:
+        log.warning("%s: dropped %d prompts longer than %d tokens (data.rollout_max_prompt_len; counted in "
+                    "data/overlong_rows)", what, prompts.overlong_rows, max_prompt_len)
     return prompts
 
 

@@ -25,7 +25,7 @@ from typing import Any, Iterator, Optional
 
 from slime_hydra.config.datafiles import DataFile
 from slime_hydra.data.dataset import columns_to_rows, open_dataset, render_text, to_prompt
-from slime_hydra.data.rows import BLANK, RowKeys, check_row, good_row, parse_jsonl_line
+from slime_hydra.data.rows import BLANK, MAX_LINE_BYTES, RowKeys, check_row, good_row, parse_jsonl_line, read_lines
 from slime_hydra.errors import DataError
 
 Pos = tuple[int, int, int]  # (file index, rows read in that file, byte offset in a jsonl file)
@@ -37,7 +37,7 @@ class Block:
     file_idx: int
     first_row: int  # 0-based row (jsonl: physical line) of the block's first row in its file
     offset: int  # byte offset of the first row (jsonl)
-    lines: Optional[list[bytes]] = None  # jsonl
+    lines: Optional[list] = None  # jsonl: raw lines (bytes), an overlong one as rows.Overlong
     batch: Any = None  # parquet: a pyarrow RecordBatch
     stop: int = 0  # hf: rows [first_row, stop)
     last: bool = False  # the last block of a pass over every file
@@ -57,12 +57,13 @@ class Pending:
 
 @dataclass(frozen=True)
 class Prep:
-    """What turns a checked row into a Prompt."""
+    """How a row is read (max_line_bytes), and what turns a checked row into a Prompt."""
 
     keys: RowKeys
     tokenizer: Any
     apply_chat_template: bool = False
     max_prompt_len: Optional[int] = None
+    max_line_bytes: int = MAX_LINE_BYTES
 
 
 _DATASETS: dict[str, Any] = {}  # path -> open memory-mapped dataset, one per process
@@ -74,11 +75,12 @@ def dataset(path: str):
     return _DATASETS[path]
 
 
-def _file_blocks(f: DataFile, fi: int, row: int, offset: int, rows: int) -> Iterator[Block]:
+def _file_blocks(f: DataFile, fi: int, row: int, offset: int, rows: int, max_line_bytes: int) -> Iterator[Block]:
     if f.kind == "jsonl":
         with open(f.path, "rb") as fh:
             fh.seek(offset)
-            while lines := list(itertools.islice(fh, rows)):
+            lines_of = read_lines(fh, max_line_bytes)  # an overlong line comes as an Overlong (its length only)
+            while lines := list(itertools.islice(lines_of, rows)):
                 yield Block(fi, row, offset, lines=lines)
                 row, offset = row + len(lines), offset + sum(map(len, lines))
     elif f.kind == "parquet":
@@ -113,14 +115,14 @@ def _parquet_blocks(path: str, fi: int, row: int, rows: int) -> Iterator[Block]:
         raise DataError(f"{path}: not a readable parquet file ({e}); rewrite it, or give a jsonl file") from None
 
 
-def iter_blocks(files: list[DataFile], start: Pos, rows: int) -> Iterator[Block]:
+def iter_blocks(files: list[DataFile], start: Pos, rows: int, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Block]:
     """Blocks of at most `rows` rows from `start`, pass after pass; a pass with no rows is one empty last block."""
     index = 0
     while True:
         prev = None
         for fi in range(start[0], len(files)):
             row, offset = (start[1], start[2]) if fi == start[0] else (0, 0)
-            for block in _file_blocks(files[fi], fi, row, offset, rows):
+            for block in _file_blocks(files[fi], fi, row, offset, rows, max_line_bytes):
                 if prev is not None:
                     prev.index, index = index, index + 1
                     yield prev
@@ -213,7 +215,7 @@ class LocalReader:
     _blocks: Iterator[Block] = field(init=False)
 
     def __post_init__(self):
-        self._blocks = iter_blocks(self.files, self.start, self.block_rows)
+        self._blocks = iter_blocks(self.files, self.start, self.block_rows, self.prep.max_line_bytes)
 
     def __iter__(self):
         return self

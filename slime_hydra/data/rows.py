@@ -4,6 +4,10 @@ jsonl: one JSON object per line; each line is decoded as UTF-8 on its own, so a 
 line and the lines after it are still checked. parquet: one record per row; `path:N` names the N-th
 row (1-based), as a line number does in jsonl.
 
+Overlong input is a bad row like any other, never a traceback or a line read whole: a line longer than
+`data.max_line_bytes` is skipped over in chunks without being kept (`read_lines`), and a line nested deeper than
+Python's JSON parser goes (a RecursionError) is reported as such, both as `path:line: problem`.
+
 A row is checked for what the loader relies on: the prompt is a string or a list of
 {"role": str, "content": str} messages, the label is there (a string or a number), metadata is an
 object, tools a list of objects. Every problem of a file is collected. `on_bad_row="error"` raises
@@ -14,19 +18,23 @@ dataset.py.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from slime_hydra.config.schema import DataConfig
 from slime_hydra.errors import DataError
 
 log = logging.getLogger(__name__)
 
 MAX_SHOWN = 20  # a screenful of problems; the rest are counted
+SKIP_CHUNK = 1 << 20  # bytes read at a time while skipping over an overlong line
 ON_BAD_ROW = ("error", "skip")
 BLANK = object()  # a blank jsonl line: no row
+MAX_LINE_BYTES = DataConfig.max_line_bytes  # for callers without a config (tests, tools)
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,7 @@ class RowKeys:
     metadata_key: str = "metadata"
     tool_key: Optional[str] = None
     prefix: str = "data"  # or "eval.eval_prompt_data.<name>"; tool_key is always data.*
+    generate_hooks: frozenset[str] = frozenset()  # the names metadata.custom_generate may take (rollout.generate_hooks)
 
 
 @dataclass
@@ -105,14 +114,53 @@ def check_row(row: Any, keys: RowKeys) -> list[str]:
     meta = row.get(keys.metadata_key)
     if meta is not None and not isinstance(meta, dict):
         problems.append(f"{keys.metadata_key!r} ({keys.prefix}.metadata_key) is {json_type(meta)}; it must be an object or absent")
+    elif meta and meta.get("custom_generate") is not None:
+        problems += _hook_problems(meta["custom_generate"], keys)
     tools = row.get(keys.tool_key) if keys.tool_key else None
     if tools is not None and not (isinstance(tools, (list, tuple)) and all(isinstance(t, dict) for t in tools)):
         problems.append(f"{keys.tool_key!r} (data.tool_key) is {json_type(tools)}; it must be a list of tool objects or absent")
     return problems
 
 
-def parse_jsonl_line(lineno: int, raw: bytes) -> tuple[Any, Optional[str]]:
+def _hook_problems(name: Any, keys: RowKeys) -> list[str]:
+    """A row's metadata.custom_generate must be a name of rollout.generate_hooks: data names no code of its own."""
+    if isinstance(name, str) and name in keys.generate_hooks:
+        return []
+    known = f"one of {sorted(keys.generate_hooks)}" if keys.generate_hooks else "a name registered there (none is)"
+    what = f"{name!r:.80}" if isinstance(name, str) else json_type(name)
+    return [f"'{keys.metadata_key}.custom_generate' is {what}; a row picks its generate hook by name only, {known}: "
+            "register the hook in the config as +rollout.generate_hooks.<name>={_target_: pkg.mod.fn} and write <name> "
+            "in the row"]
+
+
+class Overlong:
+    """A line longer than data.max_line_bytes, skipped over: only its length is kept (`len` of it, as of a line)."""
+
+    def __init__(self, size: int, limit: int):
+        self.size, self.limit = size, limit
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def read_lines(fh, max_bytes: int) -> Iterator[bytes | Overlong]:
+    """The lines of a binary file (newline kept), each read only up to max_bytes: a longer one comes as an Overlong
+    holding its length, its bytes read in SKIP_CHUNK pieces and dropped."""
+    while line := fh.readline(max_bytes + 1):
+        if len(line) <= max_bytes:
+            yield line
+            continue
+        size = len(line)
+        while not line.endswith(b"\n") and (line := fh.readline(SKIP_CHUNK)):
+            size += len(line)
+        yield Overlong(size, max_bytes)
+
+
+def parse_jsonl_line(lineno: int, raw: bytes | Overlong) -> tuple[Any, Optional[str]]:
     """(parsed value or None, problem or None) of one raw line; (BLANK, None) for a blank line."""
+    if isinstance(raw, Overlong):
+        return None, (f"the line is {raw.size:,} bytes, over data.max_line_bytes={raw.limit:,} (read no further); shorten "
+                      "the row, or raise data.max_line_bytes if it is meant to be this long")
     try:  # utf-8-sig on line 1: a byte-order mark is not an error
         text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
     except UnicodeDecodeError as e:
@@ -124,12 +172,14 @@ def parse_jsonl_line(lineno: int, raw: bytes) -> tuple[Any, Optional[str]]:
         return json.loads(text.rstrip("\r\n")), None  # the newline would move an error's column
     except json.JSONDecodeError as e:
         return None, f"malformed JSON ({e.msg} at column {e.colno}); fix or remove this line"
+    except RecursionError:
+        return None, "JSON nested too deeply to parse (RecursionError); flatten this row"
 
 
-def iter_jsonl(path: str) -> Iterator[tuple[int, Any, Optional[str]]]:
+def iter_jsonl(path: str, max_line_bytes: int) -> Iterator[tuple[int, Any, Optional[str]]]:
     """(line number, parsed value or None, problem or None) for every non-blank line."""
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+        for lineno, raw in enumerate(read_lines(f, max_line_bytes), start=1):
             value, problem = parse_jsonl_line(lineno, raw)
             if value is not BLANK:
                 yield lineno, value, problem
@@ -167,15 +217,17 @@ def render(path: str, problems: list[str], bad_rows: int, total_rows: int, what:
 
 
 def read_rows(path: str, keys: RowKeys, what: str, on_bad_row: str = "error",
-              iter_fn: Optional[Callable[[str], Iterator]] = None) -> Rows:
+              iter_fn: Optional[Callable[[str], Iterator]] = None, max_line_bytes: int = MAX_LINE_BYTES) -> Rows:
     """The good rows of a jsonl or parquet file (or what `iter_fn` reads, e.g. a Hugging Face dataset directory);
     bad ones raise (all together) or are skipped."""
     if on_bad_row not in ON_BAD_ROW:
         raise DataError(f"data.on_bad_row={on_bad_row!r} is not one of {list(ON_BAD_ROW)}")
     if iter_fn is None and not Path(path).is_file():
         raise DataError(f"{what}: file not found: {path}; set it to an existing jsonl or parquet file")
+    if iter_fn is None:
+        iter_fn = iter_parquet if path.endswith(".parquet") else functools.partial(iter_jsonl, max_line_bytes=max_line_bytes)
     out, problems, total = Rows(), [], 0
-    for line, row, problem in (iter_fn or (iter_parquet if path.endswith(".parquet") else iter_jsonl))(path):
+    for line, row, problem in iter_fn(path):
         total += 1
         found = [problem] if problem else check_row(row, keys)
         if found:

@@ -65,6 +65,7 @@ class StreamingPromptSource:
         self.draining = False
         self.rng = self._epoch_rng(0)
         self.skipped_rows = 0
+        self.overlong_rows = 0  # prompts over data.rollout_max_prompt_len met so far (first epoch)
         self._events: list = []
         self._i = 0
         self._ends_pass = False
@@ -89,6 +90,8 @@ class StreamingPromptSource:
                 return payload
             if kind == "bad":
                 self._bad(payload)
+            elif kind == "drop" and self.epoch == 0:  # longer than data.rollout_max_prompt_len
+                self.overlong_rows += 1
 
     def _bad(self, problems: list[str]) -> None:
         if self.on_bad_row == "error":
@@ -138,12 +141,14 @@ class StreamingPromptSource:
         return groups
 
     def metrics(self) -> dict[str, float]:
-        """data/skipped_rows: bad rows met so far (first epoch), with data.on_bad_row=skip."""
-        return {"data/skipped_rows": float(self.skipped_rows)} if self.on_bad_row == "skip" else {}
+        """data/skipped_rows: bad rows met so far (first epoch), with data.on_bad_row=skip; data/overlong_rows: prompts
+        dropped for their length so far (first epoch)."""
+        out = {"data/overlong_rows": float(self.overlong_rows)}
+        return out | ({"data/skipped_rows": float(self.skipped_rows)} if self.on_bad_row == "skip" else {})
 
     def state_dict(self) -> dict:
         stream = {"pos": self.pos, "buffer": list(self.buffer), "draining": self.draining, "rng": self.rng.getstate(),
-                  "skipped_rows": self.skipped_rows, "buffer_size": self.buffer_size}
+                  "skipped_rows": self.skipped_rows, "overlong_rows": self.overlong_rows, "buffer_size": self.buffer_size}
         return {"epoch": self.epoch, "offset": self.offset, "next_group_index": self.next_group_index, "stream": stream}
 
     def load_state_dict(self, state: dict) -> None:
@@ -159,6 +164,7 @@ class StreamingPromptSource:
         self.rng = random.Random()
         self.rng.setstate(s["rng"])
         self.skipped_rows = s["skipped_rows"]
+        self.overlong_rows = s.get("overlong_rows", 0)  # a checkpoint from before the count
         self.close()
         self._events, self._i, self._ends_pass = [], 0, False
         self.reader = self.open_reader(self.pos)

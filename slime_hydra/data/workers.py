@@ -19,15 +19,28 @@ that has sent nothing for data.worker_timeout_s while the driver read its blocks
 Workers are spawned, not forked: the driver may hold CUDA, Ray or torch threads that a fork would copy
 in an unknown state. Every wait on a worker has the deadline data.worker_timeout_s (which also covers
 its start); a worker that dies, stalls or raises stops the run with a DataError naming it, the block
-and the fix. Workers are daemons, terminated when the reader closes or the driver exits.
+and the fix. Workers are daemons, killed when the reader closes or the driver exits.
+
+Workers die with the driver, however it ends (a SIGKILL runs no exit handler): each asks the kernel for a SIGKILL
+when its parent goes (prctl PR_SET_PDEATHSIG, Linux; only when the reader is opened on the main thread, since the
+signal follows the thread that started the process), and each put on its bounded queue waits at most POLL_S at a
+time, checking that its parent is still the driver, so a worker blocked on a full queue notices the driver's death
+within POLL_S anywhere. Workers ignore SIGINT and SIGTERM: a Ctrl-C or a scheduler's signal to the process group is
+the driver's to handle (it finishes its step, saves, then kills them), and a worker killed under it would fail
+that step.
 """
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import gc
 import multiprocessing as mp
+import os
 import pickle
 import queue
+import signal
+import threading
 import time
 import weakref
 
@@ -44,13 +57,44 @@ def _backfill(block, files: list[DataFile], prep: Prep, side) -> None:
     side.put([(pos, prompt) for kind, prompt, pos in process_block(block, files, prep) if kind == "ok"])
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int, pdeathsig: bool) -> None:
+    """In a worker: SIGKILL when the parent goes (module docstring); exits at once if it is gone already."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if pdeathsig:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # not Linux: the parent check of each put remains
+            pass
+    if os.getppid() != parent:  # it died before the signal was asked for
+        os._exit(0)
+
+
+def put_while_parent(q, item, parent: int) -> None:
+    """q.put(item), waiting POLL_S at a time; exits the process when the parent is no longer `parent` (it died, and the
+    worker was handed to another process): nobody will read the queue. os._exit: the queue's feeder thread, which
+    a normal exit joins, may be blocked on the pipe to the dead driver."""
+    while True:
+        try:
+            q.put(item, timeout=POLL_S)
+            return
+        except queue.Full:
+            if os.getppid() != parent:
+                os._exit(0)
+
+
 def work(w: int, num_workers: int, files: list[DataFile], prep: Prep, start: Pos, block_rows: int, out, side,
-         frontier) -> None:
-    """A worker's loop (the process target): its blocks' events, in order, until the reader closes."""
+         frontier, parent: int, pdeathsig: bool) -> None:
+    """A worker's loop (the process target): its blocks' events, in order, until the reader closes or the driver
+    (`parent`, its pid) dies."""
+    die_with_parent(parent, pdeathsig)
     index = -1
     defer = can_defer(prep)
     try:
-        for block in iter_blocks(files, start, block_rows):
+        for block in iter_blocks(files, start, block_rows, prep.max_line_bytes):
             index = block.index
             if index % num_workers != w:
                 continue
@@ -61,11 +105,11 @@ def work(w: int, num_workers: int, files: list[DataFile], prep: Prep, start: Pos
             if index < frontier.value:  # made for the driver's deferred rows, which are in its buffer
                 side.put((w, _dumps([(pos, p) for kind, p, pos in events if kind == "ok"])))
             else:
-                out.put((index, _dumps((events, block.last))))
+                put_while_parent(out, (index, _dumps((events, block.last))), parent)
     except DataError as e:
-        out.put(("error", str(e)))
+        put_while_parent(out, ("error", str(e)), parent)
     except Exception as e:  # noqa: BLE001 - reported to the driver, which stops the run
-        out.put(("error", f"data worker {w} failed after block {index}: {type(e).__name__}: {e}"))
+        put_while_parent(out, ("error", f"data worker {w} failed after block {index}: {type(e).__name__}: {e}"), parent)
 
 
 def _dumps(obj) -> bytes:
@@ -87,7 +131,7 @@ def _loads(data: bytes):
 def _stop(procs: list, queues: list) -> None:
     for p in procs:
         if p.is_alive():
-            p.terminate()
+            p.kill()  # workers ignore SIGTERM (module docstring) and hold nothing to flush
     for p in procs:
         p.join(timeout=5)
     for q in queues:
@@ -107,17 +151,22 @@ class WorkerReader:
         self.num_workers, self.timeout_s, self.next_index = num_workers, timeout_s, 0
         self.frontier = ctx.RawValue("q", 0)  # blocks before it are the driver's (one writer: no lock)
         self.heard = [time.monotonic()] * num_workers  # when each worker last sent a block
-        self.own_blocks = iter_blocks(files, start, block_rows) if driver_reads else None
+        self.own_blocks = iter_blocks(files, start, block_rows, prep.max_line_bytes) if driver_reads else None
         self.read_by_driver = self.made_by_driver = 0  # blocks read, rows templated and tokenized in the driver
         self.waiting: dict[Pos, list[Pending]] = {}  # deferred rows the driver read, by position: a worker makes them too
         self.queues = [ctx.Queue(maxsize=prefetch) for _ in range(num_workers)]
         self.side = ctx.Queue()
+        # the death signal follows the thread that starts a worker: only asked for from the main thread (docstring)
+        pdeathsig = threading.current_thread() is threading.main_thread()
         self.procs = [ctx.Process(target=work, args=(w, num_workers, files, prep, start, block_rows, self.queues[w], self.side,
-                                                     self.frontier),
+                                                     self.frontier, os.getpid(), pdeathsig),
                                   daemon=True, name=f"slime-hydra-data-{w}") for w in range(num_workers)]
         for p in self.procs:
             p.start()
         self._finalizer = weakref.finalize(self, _stop, self.procs, self.queues + [self.side])
+        # at exit, before multiprocessing's own exit handler (registered earlier, so run later), which would
+        # terminate and then join the workers: they ignore SIGTERM, and its join would wait forever
+        atexit.register(self._finalizer)
 
     def __iter__(self):
         return self

@@ -1,4 +1,4 @@
-"""The engine loop: generate, reward, advantages, train, sync weights, log, eval, save.
+"""The engine loop: generate, reward, advantages, train, sync weights, eval, save, log.
 
 Everything else (what a backend is, how a loss aggregates, where metrics go) is decided by the
 components handed in; this file only orders the steps, for train_mode=sync and async alike: the two
@@ -11,7 +11,7 @@ import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from slime_hydra.engine import checkpoint as ckpt
 from slime_hydra.engine.collect import RolloutPlan, collect_rollout, weight_lag_metrics, write_rollout_data
@@ -44,14 +44,20 @@ class LoopSettings:
     offload_train: bool = False  # cluster.offload_train: the trainer is released while the engines generate (engine/offload.py)
 
 
-def run(settings: LoopSettings, c: Components, save_dir: str) -> list[tuple[int, dict[str, float]]]:
+def run(settings: LoopSettings, c: Components, save_dir: str,
+        stop: Callable[[], bool] = lambda: False) -> list[tuple[int, dict[str, float]]]:
+    """The rollouts from the state's start to num_rollout; `stop()` true (a signal: app/stop.py) ends the loop after the
+    step it is in, with that step's checkpoint written."""
     n, pad, s = settings.n_samples_per_prompt, c.tokenizer.pad_token_id, c.state
-    if s.start_rollout == 0:
+    if s.start_rollout == 0 and not stop():
         prepare(settings, c)
     feed = open_feed(settings, c, save_dir)
     bar = Progress(settings.num_rollout, s.start_rollout, settings.progress_bar)
+    last_done = last_saved = None
     try:
         for rollout_id in range(s.start_rollout, settings.num_rollout):
+            if stop():
+                break
             step, t0 = rollout_id + 1, time.perf_counter()
             with trainer_released(c.trainer, settings.offload_train) as offload:  # cluster.offload_train
                 got = feed.next(rollout_id)  # generate, reward, dynamic sampling (async: waits for the one generated ahead)
@@ -72,17 +78,28 @@ def run(settings: LoopSettings, c: Components, save_dir: str) -> list[tuple[int,
             if due(step, settings.eval_interval, settings.num_rollout) and c.eval_sets:  # eval, on the latest weights
                 feed.settle()
                 metrics |= run_eval(settings, c, step)
-            c.tracker.log_metrics(metrics, step)  # log
             s.history.append((step, metrics))
+            # save, then log: a tracker that fails (its calls downgraded to warnings) never costs the checkpoint, and a
+            # crash between the two leaves a point missing from the tracker (it is in the checkpoint), never a duplicate
+            if stop() or due(step, settings.save_interval, settings.num_rollout):  # a stop saves the step it ended
+                save(c, save_dir, rollout_id, feed)
+                last_saved = rollout_id
+            c.tracker.log_metrics(metrics, step)  # log
             bar.update(metrics)
-            if due(step, settings.save_interval, settings.num_rollout):  # save, with what the feed holds (drained first)
-                held = feed.state_dict()  # first: it drains the generation, so the buffer is at rest
-                state = engine_state(c, rollout_id) | held
-                ckpt.save_checkpoint(save_dir, rollout_id, ckpt.trainer_files(c.trainer, c.tokenizer), state)
+            last_done = rollout_id
+        if stop() and last_done is not None and last_saved != last_done:  # the signal came after the step's check
+            save(c, save_dir, last_done, feed)
     finally:
         feed.close()
         bar.close()
     return s.history
+
+
+def save(c: Components, save_dir: str, rollout_id: int, feed: RolloutFeed) -> None:
+    """The checkpoint after `rollout_id`, with what the feed holds."""
+    held = feed.state_dict()  # first: it drains the generation, so the buffer is at rest
+    state = engine_state(c, rollout_id) | held
+    ckpt.save_checkpoint(save_dir, rollout_id, ckpt.trainer_files(c.trainer, c.tokenizer), state)
 
 
 def open_feed(settings: LoopSettings, c: Components, save_dir: str) -> RolloutFeed:

@@ -1,6 +1,6 @@
-"""A model's parameter count from its dimensions (config.json's when `model.hf_checkpoint` holds one, else the model
-group's fields), never by building the model: the learning-rate checks (models/checks.py) and the random checkpoint
-writer read it.
+"""A model's parameter count and context length from its dimensions (config.json's when `model.hf_checkpoint` holds
+one, else the model group's fields), never by building the model: the learning-rate checks (models/checks.py), the
+random checkpoint writer and the prompt-length limit (app/derive.py) read them.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Optional
 
 from slime_hydra.config.schema import ModelConfig
 
@@ -74,3 +75,17 @@ def model_size(m: ModelConfig) -> tuple[int, str]:
             dims = {k: v for k, v in hf_dims(hf).items() if k in fields}
             return num_parameters(dataclasses.replace(m, **dims)), str(path)
     return num_parameters(m), f"the model group's fields (model={m.name})"
+
+
+def context_length(m: ModelConfig) -> tuple[Optional[int], str]:
+    """(the longest sequence the model runs, in tokens; where that comes from): config.json's max_position_embeddings
+    when model.hf_checkpoint holds one, else model.max_position_embeddings; None when config.json has none or does not
+    parse (its own check reports that)."""
+    if m.hf_checkpoint and (path := Path(m.hf_checkpoint) / "config.json").is_file():
+        try:
+            hf = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None, f"{path} does not parse"
+        n = hf.get("text_config", hf).get("max_position_embeddings") if isinstance(hf, dict) else None
+        return (n, f"max_position_embeddings of {path}") if isinstance(n, int) else (None, f"{path} has none")
+    return m.max_position_embeddings, "model.max_position_embeddings"

@@ -19,6 +19,9 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import signal
+import tempfile
+from typing import Iterator
 
 from slime_hydra.errors import RunError, UserError
 
@@ -50,6 +53,27 @@ def is_loopback(address: str) -> bool:
     return host in ("127.0.0.1", "localhost", "::1")
 
 
+@contextlib.contextmanager
+def signals_left_to_the_driver() -> Iterator[None]:
+    """SIGTERM and SIGINT blocked while a local cluster starts: its processes (GCS, raylet, and the workers and actors
+    they start) inherit the mask, so a scheduler's signal to the whole process group leaves them running while the
+    driver finishes its step and checkpoints through them (app/stop.py); the driver then stops them. Ray blocks
+    SIGINT in them itself. The cost: Ray's own shutdown waits a second per process before its SIGKILL."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def run_temp_dir() -> str:
+    """A local cluster's own temp dir (sessions, sockets, logs), so two users (or two runs) on one node never share
+    /tmp/ray: `<ray-XXXX>/r`, where ray-XXXX is made owner-only (mkdtemp: mode 0700) and `r` is Ray's (which Ray makes
+    world-writable, as it makes /tmp/ray: the owner-only parent closes it). $RAY_TMPDIR, if set, is where it goes; the
+    system temp dir otherwise (a short path: Ray's socket paths must fit in 107 bytes)."""
+    return os.path.join(tempfile.mkdtemp(prefix="ray-", dir=os.environ.get("RAY_TMPDIR") or None), "r")
+
+
 def start() -> None:
     """ray.init of a new local cluster, token-authenticated and bound to the loopback."""
     import ray
@@ -57,8 +81,8 @@ def start() -> None:
     check_auth_mode()
     if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # once per process: Ray's token loader caches it
-    with loopback_node():
-        ray.init(address="local", include_dashboard=False, logging_level="WARNING")
+    with loopback_node(), signals_left_to_the_driver():
+        ray.init(address="local", include_dashboard=False, logging_level="WARNING", _temp_dir=run_temp_dir())
     gcs = ray.get_runtime_context().gcs_address
     if not is_loopback(gcs) or os.environ.get("RAY_AUTH_MODE") != "token":
         ray.shutdown()

@@ -46,7 +46,8 @@ def split_for_ranks(batch: TrainBatch, num_steps: int, world_size: int) -> list[
     return out
 
 
-IDENTICAL_ON_RANKS = ("train/grad_norm", "train/lr", "train/value_grad_norm")  # computed from the all-reduced gradient / the schedule
+# computed from the all-reduced gradient / the schedule
+IDENTICAL_ON_RANKS = ("train/grad_norm", "train/lr", "train/value_grad_norm", "train/skipped_steps", "train/value_skipped_steps")
 
 
 def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
@@ -97,11 +98,15 @@ class TrainRank(RankStage):
         return metrics
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
+        """The rank's own timing, logged into the run: a tracker that fails costs the point, never the step."""
         from mlflow.entities import Metric
         from mlflow.tracking import MlflowClient
 
         ts = int(time.time() * 1000)
-        MlflowClient(self.tracking_uri).log_batch(self.run_id, metrics=[Metric(k, v, ts, step) for k, v in metrics.items()])
+        try:
+            MlflowClient(self.tracking_uri).log_batch(self.run_id, metrics=[Metric(k, v, ts, step) for k, v in metrics.items()])
+        except Exception as e:  # noqa: BLE001 - the driver's tracker reports outages (tracking/retrying.py)
+            print(f"train rank {self.rank}: tracker failed for step {step} ({type(e).__name__}); the point is lost", flush=True)
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         return [(n, t.detach().cpu()) for n, t in self.trainer.named_weights()]

@@ -1,13 +1,21 @@
 """Scores samples: per-sample `metadata.rm_type`, a custom `_target_`, a group reward, or a remote RM.
 
-A reward may be a float or a dict; `reward_key` picks the scalar that trains (the dict is kept in
+A reward may be a number or a dict; `reward_key` picks the scalar that trains (the dict is kept in
 `sample.metadata["reward_dict"]`). Sync and async custom functions are both accepted.
+
+Only finite numbers train. A reward that is not a number (a string, None, a dict without `reward_key`'s
+entry) or is NaN / inf is a reward failure, as a remote RM that does not answer is: with
+`reward.rm_on_failure=zero` it scores `reward.rm_failure_score` and is counted in `reward/invalid_rewards`
+(the first few named in a warning); with `raise` it stops the run naming the sample and the value. A NaN
+reward would otherwise turn every advantage of its group, then the gradient and the weights, into NaN.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
+import math
 import threading
 import time
 from typing import Any, Callable, Optional, TypeVar
@@ -15,11 +23,14 @@ from typing import Any, Callable, Optional, TypeVar
 from slime_hydra.aio import run_sync
 from slime_hydra.config.schema import RewardConfig
 from slime_hydra.errors import RunError, UserError
-from slime_hydra.rewards.remote import RemoteRewardModel
+from slime_hydra.rewards.remote import RemoteRewardModel, headers_from_env
 from slime_hydra.rewards.verifiers import verifier
 from slime_hydra.types import Sample
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+INVALID = "reward/invalid_rewards"
+WARN_FIRST = 3  # invalid rewards named in a warning; the rest are counted
 
 
 def call_with_deadline(fn: Callable[[], T], timeout_s: float) -> T:
@@ -45,11 +56,22 @@ def call_with_deadline(fn: Callable[[], T], timeout_s: float) -> T:
 
 
 def reward_value(reward: Any, key: Optional[str]) -> float:
+    """The scalar that trains, or ValueError saying why `reward` has none (not a number, not finite, no `key` entry).
+    A dict reward with no reward.reward_key set is the config's to fix: UserError."""
+    value = reward
     if isinstance(reward, dict):
         if key is None:
-            raise ValueError(f"dict reward {sorted(reward)} needs reward.reward_key")
-        return float(reward[key])
-    return float(reward)
+            raise UserError(f"reward: a dict reward {sorted(reward)} needs reward.reward_key to pick the scalar that "
+                            f"trains; set reward.reward_key to one of {sorted(reward)}")
+        if key not in reward:
+            raise ValueError(f"the dict reward has no {key!r} entry (reward.reward_key); its keys: {sorted(reward)}")
+        value = reward[key]
+    if isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):
+        raise ValueError(f"{type(value).__name__} {value!r:.80} is not a number")
+    out = float(value)
+    if not math.isfinite(out):
+        raise ValueError(f"{out} is not a finite number")
+    return out
 
 
 async def _maybe_await(x):
@@ -67,9 +89,11 @@ class RewardScorer:
         self.reward_key = reward_key if reward_key is not None else cfg.reward_key
         self.custom = custom  # its keys bound (inspect still sees an async def through a partial)
         self.remote = (RemoteRewardModel(cfg.rm_url, cfg.rm_concurrency, cfg.rm_timeout_s, cfg.rm_max_retries,
-                                         cfg.rm_retry_backoff_s, cfg.rm_on_failure, cfg.rm_failure_score)
+                                         cfg.rm_retry_backoff_s, cfg.rm_on_failure, cfg.rm_failure_score,
+                                         cfg.rm_max_response_bytes, headers_from_env(cfg.rm_headers))
                        if cfg.rm_url else None)
         self.time_s = 0.0
+        self.invalid = 0  # rewards that were not finite numbers (reward/invalid_rewards)
 
     def score(self, samples: list[Sample]) -> None:
         run_sync(self.score_async(samples))
@@ -81,8 +105,25 @@ class RewardScorer:
         for s, r in zip(samples, raw):
             if isinstance(r, dict):
                 s.metadata["reward_dict"] = r
-            s.reward = reward_value(r, self.reward_key)
+            s.reward = self._checked(s, r)
         self.time_s += time.perf_counter() - t0
+
+    def _checked(self, s: Sample, raw: Any) -> float:
+        """The sample's reward as a finite float; an invalid one is a reward failure (module docstring)."""
+        try:
+            return reward_value(raw, self.reward_key)
+        except ValueError as e:
+            why = str(e)
+        self.invalid += 1
+        source = f"custom_rm {self.cfg.custom_rm['_target_']}" if self.custom is not None else f"rm_type={self._rm_type(s)}"
+        if self.cfg.rm_on_failure == "raise":
+            raise RunError(f"reward: {source} gave sample {s.index} the reward {why}; only finite numbers train. Fix the "
+                           f"reward function, or set reward.rm_on_failure=zero to score such samples "
+                           f"reward.rm_failure_score={self.cfg.rm_failure_score:g} and count them in {INVALID}")
+        if self.invalid <= WARN_FIRST:
+            log.warning("reward: %s gave sample %s the reward %s; scored reward.rm_failure_score=%g instead "
+                        "(reward.rm_on_failure=zero; counted in %s)", source, s.index, why, self.cfg.rm_failure_score, INVALID)
+        return float(self.cfg.rm_failure_score)
 
     async def _raw(self, samples: list[Sample]) -> list:
         if self.custom is not None:
@@ -122,7 +163,7 @@ class RewardScorer:
         return s.metadata.get("rm_type") or self.cfg.rm_type
 
     def metrics(self) -> dict[str, float]:
-        out = {"perf/reward_time_s": self.time_s}
+        out = {"perf/reward_time_s": self.time_s, INVALID: float(self.invalid)}
         if self.remote is not None:
             out |= {k: float(v) for k, v in self.remote.counters.items()}
         self.time_s = 0.0

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from slime_hydra.config.schema import LoggerConfig
 from slime_hydra.protocols import Tracker
+from slime_hydra.tracking.retrying import RetryingTracker
 
 
 class NullTracker:
     run_id: str | None = None
+
+    def missing_report(self) -> str | None:
+        return None
 
     def log_params(self, params):
         pass
@@ -27,14 +31,19 @@ class NullTracker:
 
 def build_tracker(cfg: LoggerConfig, run_name: str, output_dir: str, resume_run_id: str | None = None,
                   parent_run_id: str | None = None) -> Tracker:
+    """The tracker of logger.tracker, its calls retried and their failures downgraded (tracking/retrying.py). A store
+    that cannot be opened at all is a StoreError here, before the run starts."""
     if cfg.tracker == "mlflow":
         from slime_hydra.tracking.mlflow_tracker import MLflowTracker
 
-        return MLflowTracker(cfg.tracking_uri, cfg.mlflow_experiment, run_name, resume_run_id, parent_run_id)
-    if cfg.tracker == "tensorboard":
+        inner: Tracker = MLflowTracker(cfg.tracking_uri, cfg.mlflow_experiment, run_name, resume_run_id, parent_run_id,
+                                       cfg.tracker_timeout_s)
+    elif cfg.tracker == "tensorboard":
         import os
 
         from slime_hydra.tracking.tensorboard_tracker import TensorBoardTracker
 
-        return TensorBoardTracker(os.path.join(output_dir, cfg.tensorboard_dir))
-    return NullTracker()
+        inner = TensorBoardTracker(os.path.join(output_dir, cfg.tensorboard_dir))
+    else:
+        return NullTracker()
+    return RetryingTracker(inner, cfg.tracker_retries, cfg.tracker_retry_backoff_s)

@@ -1,15 +1,22 @@
-"""MLflow tracking through `MlflowClient` (no global active-run state, so several runs can coexist)."""
+"""MLflow tracking through `MlflowClient` (no global active-run state, so several runs can coexist).
+
+The store is opened by tracking/store.py (a sqlite store's schema made once under a lock, a broken store named).
+Against a tracking server each request gives up after `timeout_s` with no retries of MLflow's own (by default
+7 retries with backoff, minutes per call against a server that is down): tracking/retrying.py retries, then
+turns a failure into a warning, so a tracker outage never stops the run.
+"""
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunTag
-from mlflow.tracking import MlflowClient
 
 from slime_hydra.tracking.experiments import experiment_id
+from slime_hydra.tracking.store import open_client
 
 MAX_PARAM_LEN = 6000
 
@@ -31,8 +38,11 @@ def artifact_root(tracking_uri: str, experiment: str) -> str | None:
 
 class MLflowTracker:
     def __init__(self, tracking_uri: str, experiment: str, run_name: str, resume_run_id: str | None = None,
-                 parent_run_id: str | None = None):
-        self.client = MlflowClient(tracking_uri=tracking_uri)
+                 parent_run_id: str | None = None, timeout_s: float = 10.0):
+        if tracking_uri.startswith(("http://", "https://")):  # read by MLflow at each request (module docstring)
+            os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(max(1, round(timeout_s)))
+            os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
+        self.client = open_client(tracking_uri)
         exp_id = experiment_id(self.client, experiment, artifact_root(tracking_uri, experiment))
         if resume_run_id:
             self.run_id = resume_run_id
@@ -60,3 +70,7 @@ class MLflowTracker:
 
     def close(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)
+
+    def missing_report(self) -> str | None:
+        """Nothing: a failed call raises here (the run's tracker is this one wrapped by tracking/retrying.py)."""
+        return None

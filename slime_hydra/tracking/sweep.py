@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from slime_hydra.config.redact import redact_override
 from slime_hydra.errors import ConfigError
 from slime_hydra.tracking.experiments import experiment_id
+from slime_hydra.tracking.store import open_client
 
 PARENT_FILE = ".mlflow_parent_run_id"
 RANK_KEY = "logger.sweep_rank_metric"
@@ -42,18 +43,15 @@ def parent_run_id(sweep_dir: str) -> Optional[str]:
 
 
 def _client(config: DictConfig):
-    from mlflow.tracking import MlflowClient
-
     # the driver's callbacks get the config with its hydra node, but no HydraConfig singleton
-    uri = absolute_tracking_uri(config.logger.tracking_uri, str(config.hydra.runtime.cwd))
-    return MlflowClient(tracking_uri=uri)
+    return open_client(absolute_tracking_uri(config.logger.tracking_uri, str(config.hydra.runtime.cwd)))
 
 
 class MlflowSweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.logger.tracker != "mlflow":
             return
-        # creating the parent here also creates the store's tables once, before concurrent jobs open it
+        # the parent run is created before the jobs start (tracking/store.py makes the schema once, under a lock)
         client = _client(config)
         exp_id = experiment_id(client, config.logger.mlflow_experiment)
         overrides = " ".join(map(redact_override, config.hydra.overrides.task))

@@ -26,3 +26,7 @@ class TensorBoardTracker:
 
     def close(self, status="FINISHED"):
         self.writer.close()
+
+    def missing_report(self) -> str | None:
+        """Nothing: a failed call raises here (the run's tracker is this one wrapped by tracking/retrying.py)."""
+        return None

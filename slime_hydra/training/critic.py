@@ -21,7 +21,7 @@ from slime_hydra.algorithms.critic import value_loss
 from slime_hydra.protocols import TrainBatch
 from slime_hydra.training.collectives import ONE_PROCESS, Collectives
 from slime_hydra.training.microbatch import micro_batch_indices
-from slime_hydra.training.optim import adamw
+from slime_hydra.training.optim import VALUE_SKIPPED_STEPS, adamw, clip_and_step
 from slime_hydra.training.rollout_schedule import optimizer_steps
 from slime_hydra.training.schedule import lr_multiplier
 from slime_hydra.training.specs import BatchSpec, CriticSpec, LossSpec
@@ -122,9 +122,9 @@ class TorchCritic:
             m["train/value_clipfrac"] += L.aggregate(clipped, mask, metric_mode, metric_denom).item()
             m["train/values_mean"] += L.aggregate(v.detach(), mask, metric_mode, metric_denom).item()
         self.collectives.reduce_gradients([p for p in self.model.parameters() if p.grad is not None])
-        max_norm = self.spec.optim.clip_grad if self.spec.optim.clip_grad > 0 else float("inf")
-        m["train/value_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-        self.optimizer.step()
+        m["train/value_grad_norm"], stepped = clip_and_step(list(self.model.parameters()), self.optimizer,
+                                                            self.spec.optim.clip_grad)
+        m[VALUE_SKIPPED_STEPS] = float(not stepped)
         self.scheduler.step()
         return m
 

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from slime_hydra.protocols import TrainBatch
+from slime_hydra.training.optim import COUNTED
 from slime_hydra.training.specs import BatchSpec, CriticSpec, LossSpec
 
 Metrics = dict[str, float]
@@ -56,12 +57,12 @@ class RolloutSchedule:
 
 def optimizer_steps(batch: TrainBatch, num_steps: int, step: Callable[[int, torch.Tensor], Metrics]) -> Metrics:
     """step(i, rows) for the i-th of `num_steps` consecutive equal slices of the batch's rows, in order; their metrics
-    averaged over the steps."""
+    averaged over the steps (counts, like the skipped steps, summed)."""
     gbs = batch.num_samples // num_steps
     sums: Metrics = defaultdict(float)
     for i in range(num_steps):
         for k, v in step(i, torch.arange(i * gbs, (i + 1) * gbs)).items():
-            sums[k] += v / num_steps
+            sums[k] += v if k in COUNTED else v / num_steps
     return dict(sums)
 
 

@@ -26,7 +26,7 @@ from slime_hydra.training.critic import TorchCritic, no_critic_in
 from slime_hydra.training.gpu_memory import device_used, release_figures, step_figures
 from slime_hydra.training.microbatch import micro_batch_indices
 from slime_hydra.training.offload import HostOffload, module_tensors, optimizer_tensors
-from slime_hydra.training.optim import adamw
+from slime_hydra.training.optim import SKIPPED_STEPS, adamw, clip_and_step
 from slime_hydra.training.packed import packed_logits
 from slime_hydra.training.policy_loss import old_log_probs, policy_loss
 from slime_hydra.training.prefix import shared_prefix_logits
@@ -145,7 +145,8 @@ class TorchTrainBackend:
                 m[f"train/{name}"] += value.item()
             for name, tok in per_token.items():
                 m[f"train/{name}"] += L.aggregate(tok.detach(), mask, metric_mode, metric_denom).item()
-        m["train/grad_norm"] = self._clip_and_step()
+        m["train/grad_norm"], stepped = self._clip_and_step()
+        m[SKIPPED_STEPS] = float(not stepped)
         m["train/lr"] = self.scheduler.get_last_lr()[0]
         m["train/kept_samples"] = float(len(keep))
         return dict(m)
@@ -178,13 +179,12 @@ class TorchTrainBackend:
             else:
                 p.grad.zero_()
 
-    def _clip_and_step(self) -> float:
+    def _clip_and_step(self) -> tuple[float, bool]:
+        """(gradient norm, whether the optimizer stepped: not when the norm is NaN or inf; training/optim.py)."""
         self.collectives.reduce_gradients(self.params)
-        max_norm = self.optim.clip_grad if self.optim.clip_grad > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
-        self.optimizer.step()
+        norm, stepped = clip_and_step(self.params, self.optimizer, self.optim.clip_grad)
         self.scheduler.step()
-        return float(norm)
+        return norm, stepped
 
     # -- SFT warm start ----------------------------------------------------------------------
     def sft_step(self, batch: TrainBatch, lr: float) -> float:
@@ -200,8 +200,7 @@ class TorchTrainBackend:
             loss = L.aggregate(L.sft_token_loss(logp), mb.loss_mask.to(self.device), mode, denom)
             loss.backward()
             total += loss.item()
-        torch.nn.utils.clip_grad_norm_(self.params, self.optim.clip_grad if self.optim.clip_grad > 0 else float("inf"))
-        self._sft_optimizer.step()
+        clip_and_step(self.params, self._sft_optimizer, self.optim.clip_grad)
         return total
 
     def end_warm_start(self) -> None:

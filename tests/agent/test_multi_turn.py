@@ -16,7 +16,7 @@ import torch
 
 from slime_hydra.agent.calculator import final_answer_reward
 from slime_hydra.agent.env import StepResult, ToolError
-from slime_hydra.agent.hook import AgentRollout, check_generate, check_sample_overrides
+from slime_hydra.agent.hook import AgentRollout, check_generate, check_hooks
 from slime_hydra.agent.metrics import agent_metrics
 from slime_hydra.agent.multi_turn import CHAT_OBSERVATION
 from slime_hydra.app.plugins import load_hook
@@ -306,17 +306,50 @@ def test_config_errors_for_the_hook_at_validation_time():
     assert "rollout.max_turns=0 must be >= 1" in text
 
 
-def test_per_sample_override_through_metadata():
-    problems = check_sample_overrides([{}, {"custom_generate": f"{HERE}.sync_hook"}], "data")
-    assert len(problems) == 1 and "data (prompt 2) metadata.custom_generate" in problems[0]
+def test_per_sample_override_through_metadata_names_a_registered_hook():
+    # a sample picks a hook of rollout.generate_hooks by name; the registry's hooks are checked like custom_generate's
+    problems = check_hooks({}, {"echo": {"_target_": f"{HERE}.echo_hook", "suffix": "?"}, "sync": f"{HERE}.sync_hook"})
+    assert len(problems) == 1 and problems[0].startswith("rollout.generate_hooks.sync._target_=") and "async def" in problems[0]
     backend = ScriptedBackend([ANSWER])
-    rollout = AgentRollout(backend, TOK, None, 1, load_hook)
+    rollout = AgentRollout(backend, TOK, None, 1, load_hook, hooks={"echo": {"_target_": f"{HERE}.echo_hook", "suffix": "?"}})
     samples = [Sample(prompt="a", prompt_tokens=ids("12*34=")),
-               Sample(prompt="b", prompt_tokens=ids("12*35="), metadata={"custom_generate": {"_target_": f"{HERE}.echo_hook",
-                                                                                              "suffix": "?"}})]
+               Sample(prompt="b", prompt_tokens=ids("12*35="), metadata={"custom_generate": "echo"})]
     out = asyncio.run(rollout.generate(samples, SamplingParams(max_new_tokens=8, stop_token_ids=(EOS,))))
     assert "hook" not in out[0].metadata and out[0].response_length == 4  # the backend's own single turn
     assert out[1].metadata["hook"] == "?" and out[1].tokens == ids("12*35=") + ANSWER
+
+
+def test_a_sample_naming_code_of_its_own_is_refused(tmp_path):
+    """Data names no code: a dotted path or node in metadata.custom_generate is never imported. The rollout refuses such a
+    sample, and a row carrying one is a bad row, in memory and streamed alike (checked as the row is read)."""
+    import json
+
+    from slime_hydra.config.datafiles import DataFile
+    from slime_hydra.data.dataset import load_prompts
+    from slime_hydra.data.readers import LocalReader, Prep
+    from slime_hydra.data.rows import RowKeys
+    from slime_hydra.errors import DataError, UserError
+
+    rollout = AgentRollout(ScriptedBackend([ANSWER]), TOK, None, 1, load_hook, hooks={"echo": {"_target_": f"{HERE}.echo_hook"}})
+    for spec in ("os.system", {"_target_": "os.system", "command": "touch pwned"}):
+        bad = [Sample(prompt="b", prompt_tokens=ids("12*35="), metadata={"custom_generate": spec})]
+        with pytest.raises(UserError, match=r"is not a hook of rollout.generate_hooks \(\['echo'\]\)"):
+            asyncio.run(rollout.generate(bad, SamplingParams(max_new_tokens=8, stop_token_ids=(EOS,))))
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"prompt": "1+1=", "label": "2", "metadata": {"custom_generate": "echo"}},
+        {"prompt": "1+2=", "label": "3", "metadata": {"custom_generate": "os.system"}},
+        {"prompt": "1+3=", "label": "4", "metadata": {"custom_generate": {"_target_": "os.system"}}}]) + "\n")
+    with pytest.raises(DataError) as e:
+        load_prompts(str(path), TOK, "prompt", "label", generate_hooks=frozenset({"echo"}))
+    assert f"{path}:2: 'metadata.custom_generate' is 'os.system'; a row picks its generate hook by name only, one of " \
+           "['echo']" in str(e.value) and f"{path}:3: 'metadata.custom_generate' is an object" in str(e.value)
+    kept = load_prompts(str(path), TOK, "prompt", "label", on_bad_row="skip", generate_hooks=frozenset({"echo"}))
+    assert [p.label for p in kept] == ["2"] and kept.skipped_rows == 2
+    keys = RowKeys("prompt", "label", generate_hooks=frozenset({"echo"}))
+    events, _ = next(LocalReader([DataFile(str(path), "jsonl")], Prep(keys, TOK)))
+    assert [kind for kind, _, _ in events] == ["ok", "bad", "bad"]  # streamed rows: checked as they are read
+    assert "os.system" in events[1][1][0] and events[1][1][0].startswith(f"{path}:2:")
 
 
 def test_sft_demonstrations_mask_the_observation_as_rl_does():

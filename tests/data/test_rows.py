@@ -209,3 +209,75 @@ def test_a_chat_training_file_with_its_own_keys_leaves_the_eval_sets_their_own(t
     with pytest.raises(DataError) as info:
         build_eval_sets(cfg, TOK, rollout_sampling(cfg.rollout, (TOK.eos_token_id,)))
     assert f"{bad}:1: 'info' (eval.eval_prompt_data.held.metadata_key) is a string; it must be an object" in str(info.value)
+
+
+def long_line(path, size: int):
+    """A file of a good row, one JSON row of `size` bytes (a prompt of spaces and digits), and a good row: written in
+    pieces, never held whole."""
+    head, tail = b'{"prompt": "', b'", "label": "1"}\n'
+    with open(path, "wb") as f:
+        f.write(GOOD.encode() + b"\n" + head)
+        body, piece = size - len(head) - len(tail), b"1 " * (1 << 19)
+        while body > 0:
+            f.write(piece[:body])
+            body -= len(piece)
+        f.write(tail + GOOD.encode() + b"\n")
+    return path
+
+
+NESTED = '{"prompt": "1+1=", "label": "2", "metadata": {"x": ' + "[" * 100_000 + "]" * 100_000 + "}}"
+
+
+def test_an_overlong_line_is_a_bad_row_read_no_further(tmp_path):
+    import tracemalloc
+
+    path = long_line(tmp_path / "long.jsonl", 50 << 20)  # one 50 MB line between two good ones
+    tracemalloc.start()
+    with pytest.raises(DataError) as info:
+        load(path)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert f"{path}:2: the line is {50 << 20:,} bytes, over data.max_line_bytes={16 << 20:,} (read no further)" in str(info.value)
+    assert peak < 40 << 20, peak  # the cap (16 MiB) plus a chunk, never the 50 MB line
+    kept = load(path, on_bad_row="skip")
+    assert len(kept) == 2 and kept.skipped_rows == 1
+    short = long_line(tmp_path / "short.jsonl", 3000)
+    with pytest.raises(DataError, match=f"{short}:2: the line is 3,000 bytes, over data.max_line_bytes=2,000"):
+        load(short, max_line_bytes=2000)
+    assert len(load(short, max_line_bytes=3000)) == 3  # within the cap: the line is a row like any other
+
+
+def test_a_line_nested_too_deeply_is_a_bad_row(tmp_path):
+    path = write(tmp_path / "deep.jsonl", [GOOD, NESTED, GOOD])
+    with pytest.raises(DataError, match=rf"{path}:2: JSON nested too deeply to parse \(RecursionError\); flatten this row"):
+        load(path)
+    assert len(load(path, on_bad_row="skip")) == 2
+
+
+def test_streamed_overlong_and_deep_lines_are_bad_rows_at_the_right_offsets(tmp_path):
+    from slime_hydra.config.datafiles import DataFile
+    from slime_hydra.data.readers import LocalReader, Prep
+    from slime_hydra.data.rows import RowKeys
+
+    path = long_line(tmp_path / "long.jsonl", 300_000)  # over the cap below; the nested line (200,054 bytes) is not
+    with open(path, "ab") as f:
+        f.write(NESTED.encode() + b"\n" + b'{"prompt": "2+2=", "label": "4"}\n')
+    prep = Prep(RowKeys("prompt", "label"), TOK, max_line_bytes=250_000)
+    reader = LocalReader([DataFile(str(path), "jsonl")], prep, block_rows=2)
+    events = next(reader)[0] + next(reader)[0] + next(reader)[0]
+    assert [e[0] for e in events] == ["ok", "bad", "ok", "bad", "ok"]
+    assert events[1][1][0].startswith(f"{path}:2: the line is 300,000 bytes") and events[3][1][0].startswith(f"{path}:4: JSON nested")
+    assert events[4][2] == (0, 5, path.stat().st_size)  # the byte offsets count the skipped lines whole: resume is exact
+
+
+def test_the_prompt_limit_is_the_context_minus_the_response_and_longer_prompts_are_counted(tmp_path):
+    cfg = compose_run([])
+    assert cfg.data.rollout_max_prompt_len == 256 - 6  # model.max_position_embeddings - rollout.rollout_max_response_len
+    with pytest.raises(ConfigError, match=r"data.rollout_max_prompt_len=251 is over the model's context 256 "
+                                          r"\(model.max_position_embeddings\) - rollout.rollout_max_response_len=6 = 250"):
+        compose_run(["data.rollout_max_prompt_len=251"])
+    with pytest.raises(ConfigError, match="rollout.rollout_max_response_len=256 leaves no room for a prompt"):
+        compose_run(["rollout.rollout_max_response_len=256"])
+    path = write(tmp_path / "p.jsonl", [GOOD, json.dumps({"prompt": "1+" * 150 + "1=", "label": "151"}), GOOD])
+    prompts = load(path, max_prompt_len=cfg.data.rollout_max_prompt_len)
+    assert len(prompts) == 2 and prompts.overlong_rows == 1

@@ -14,7 +14,7 @@ from slime_hydra.app.plugins import reward_scorer
 from slime_hydra.app.preflight import compose_run, preflight
 from slime_hydra.config.schema import RewardConfig
 from slime_hydra.engine.steps import pass_at_k
-from slime_hydra.errors import ConfigError
+from slime_hydra.errors import ConfigError, RunError, UserError
 from slime_hydra.rewards.compute import RewardScorer
 from slime_hydra.rewards.remote import RemoteRewardError
 from slime_hydra.rewards.verifiers import last_boxed, verifier
@@ -227,3 +227,34 @@ def test_math_equivalence_works_outside_the_main_thread():
     t.start()
     t.join()
     assert out["v"] is True
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "str", "none"])
+def test_a_reward_that_is_not_a_finite_number_is_a_reward_failure(bad, caplog):
+    # samples 0 and 4 of 6 get the bad value; the others digit_reward's (digits of "2" or "3": 1 % 3 = 1)
+    node = {"_target_": "tests.support.plugins.invalid_reward", "bad": bad}
+    scorer = reward_scorer(RewardConfig(custom_rm=node, rm_failure_score=-1.0))
+    s = samples()
+    scorer.score(s)
+    assert [x.reward for x in s] == [-1.0, 1.0, 1.0, 1.0, -1.0, 1.0]  # rm_on_failure=zero: rm_failure_score
+    assert scorer.metrics()["reward/invalid_rewards"] == 2
+    assert "sample 0" in caplog.text and "reward.rm_on_failure=zero" in caplog.text
+    raising = reward_scorer(RewardConfig(custom_rm=node, rm_on_failure="raise"))
+    with pytest.raises(RunError, match=r"gave sample 0 the reward .*reward.rm_on_failure=zero"):
+        raising.score(samples())
+
+
+def test_a_dict_reward_without_its_key_is_a_failure_and_without_reward_key_a_config_error():
+    node = {"_target_": "tests.support.plugins.invalid_reward", "bad": "missing"}
+    s = samples()
+    scorer = reward_scorer(RewardConfig(custom_rm=node, reward_key="score"))
+    scorer.score(s)
+    assert s[0].reward == 0.0 and scorer.metrics()["reward/invalid_rewards"] == 2
+    with pytest.raises(UserError, match="set reward.reward_key to one of"):
+        reward_scorer(RewardConfig(custom_rm=node)).score(samples())
+
+
+def test_rm_failure_score_must_be_finite():
+    for value in ("nan", "inf", "-inf"):
+        with pytest.raises(ConfigError, match="reward.rm_failure_score=.* must be a finite number"):
+            preflight([f"reward.rm_failure_score={value}"])

@@ -30,6 +30,7 @@ from slime_hydra.algorithms import losses as L
 from slime_hydra.algorithms.critic import value_loss
 from slime_hydra.protocols import TrainBatch
 from slime_hydra.training.megatron.runner import MegatronRunner
+from slime_hydra.training.optim import VALUE_SKIPPED_STEPS
 from slime_hydra.training.rollout_schedule import optimizer_steps
 from slime_hydra.training.schedule import lr_multiplier
 from slime_hydra.training.specs import CriticSpec, LossSpec
@@ -110,6 +111,7 @@ class MegatronCritic:
                      partial(self._loss, denom=denom, metric_mode=metric_mode, metric_denom=metric_denom), forward_only=False)
         m = r.step_metrics(outs)
         m["train/value_grad_norm"] = r.optimizer_step(self.optimizer, self.lr_at(self.steps_done) * self.spec.optim.lr)
+        m[VALUE_SKIPPED_STEPS] = float(r.last_step_skipped)
         self.steps_done += 1
         return m
 

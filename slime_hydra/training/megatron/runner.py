@@ -32,7 +32,7 @@ from slime_hydra.training.megatron import convert
 from slime_hydra.training.megatron.logprobs import vocab_parallel_logprobs
 from slime_hydra.training.megatron.model import DTYPES, build_gpt, padded_vocab_size, transformer_config
 from slime_hydra.training.microbatch import micro_batch_indices
-from slime_hydra.training.optim import adam_flags
+from slime_hydra.training.optim import adam_flags, megatron_clip_and_step
 from slime_hydra.training.specs import BatchSpec, OptimSpec
 from slime_hydra.training.thd import Packed, pack, unpack
 
@@ -108,13 +108,15 @@ class MegatronRunner:
                 g.update(adam_flags(c.adam_impl))
         return optimizer
 
-    @staticmethod
-    def optimizer_step(optimizer, lr: float) -> float:
-        """One step at `lr` -> the gradient norm (before clipping)."""
+    last_step_skipped = False  # the last optimizer_step's gradient norm was not finite: no update (training/optim.py)
+
+    def optimizer_step(self, optimizer, lr: float) -> float:
+        """One step at `lr` -> the gradient norm (before clipping); a non-finite norm skips it (last_step_skipped)."""
         for g in optimizer.param_groups:
             g["lr"] = lr
-        _, grad_norm, _ = optimizer.step()
-        return float(grad_norm or 0.0)
+        grad_norm, stepped = megatron_clip_and_step(optimizer)
+        self.last_step_skipped = not stepped
+        return grad_norm
 
     # -- micro-batches through the pipeline -------------------------------------------------------
     def micro_batches(self, batch: TrainBatch, idx: torch.Tensor, forward_only: bool = False) -> list[TrainBatch]:

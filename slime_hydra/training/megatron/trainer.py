@@ -32,6 +32,7 @@ from slime_hydra.training.megatron.export import HFExport
 from slime_hydra.training.megatron.parallel import init_parallel
 from slime_hydra.training.megatron.runner import MegatronRunner
 from slime_hydra.training.offload import HostOffload, module_tensors, optimizer_tensors
+from slime_hydra.training.optim import SKIPPED_STEPS
 from slime_hydra.training.policy_loss import old_log_probs, policy_loss
 from slime_hydra.training.rollout_schedule import RolloutSchedule
 from slime_hydra.training.schedule import lr_multiplier
@@ -112,6 +113,7 @@ class MegatronTrainBackend:
                                             metric_denom=metric_denom), forward_only=False)
         m = r.step_metrics(outs)
         m["train/grad_norm"] = r.optimizer_step(self.optimizer, self.lr_at(self.steps_done) * self.optim.lr)
+        m[SKIPPED_STEPS] = float(r.last_step_skipped)
         self.steps_done += 1
         m["train/lr"] = self.lr_at(self.steps_done) * self.optim.lr
         m["train/kept_samples"] = float(len(keep))
