@@ -162,7 +162,10 @@ def test_the_sessions_head_node_listens_on_the_loopback_and_its_job_api_asks_for
             break
         time.sleep(1)
     assert {"gcs_server", "raylet"} <= {name for _, _, name in sockets}, sockets
-    assert all(addr == "127.0.0.1" for addr, _, _ in sockets), sockets
+    # Ray's own servers; its workers ("ray::<actor>") run the tests' code, whose sockets (torch.distributed's store,
+    # gloo) are that code's, not the cluster's
+    ray_own = [s for s in sockets if not s[2].startswith("ray::")]
+    assert [s for s in ray_own if s[0] != "127.0.0.1"] == [], ray_own
     for headers, code in (({}, 401), ({"Authorization": f"Bearer {os.environ['RAY_AUTH_TOKEN']}"}, 200)):
         try:
             with urllib.request.urlopen(urllib.request.Request(ray_head.dashboard_url + "/api/jobs/", headers=headers),

@@ -38,7 +38,7 @@ def main() -> None:
     if module not in FLAGS or not key:
         sys.exit(f"usage: {KEY_ENV}=<key> python -m slime_hydra.rollout.sglang.keyed {{{','.join(FLAGS)}}} ARGS...")
     sys.stdout, sys.stderr = Masked(sys.stdout, key), Masked(sys.stderr, key)
-    sys.argv = [module, *args, *[x for flag in FLAGS[module] for x in (flag, key)]]
+    sys.argv = [module, *args, *[f"{flag}={key}" for flag in FLAGS[module]]]  # one token: a key may begin with "-"
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

@@ -91,3 +91,25 @@ def test_the_key_is_the_runners_to_set():
     assert "rollout.sglang.api_key is set by the runner and cannot be overridden: each run gives its engines a random " \
            "key of its own" in str(e.value)
     assert "rollout.sglang_router.api_key is set by the runner" in str(e.value)
+
+
+def test_a_key_beginning_with_a_dash_reaches_the_routers_parser_as_the_key(monkeypatch):
+    """token_urlsafe keys begin with "-" one time in 64; given as its own argument after --api-key, argparse reads it as
+    an option and the process exits 2 while starting. The launcher passes `--api-key=KEY`, one token."""
+    import runpy
+
+    from sglang_router.launch_router import parse_router_args
+
+    from slime_hydra.rollout.sglang import keyed
+    from slime_hydra.rollout.sglang.endpoint import KEY_ENV
+
+    key = "-Xk2" + "a" * 39
+    ran = []
+    monkeypatch.setenv(KEY_ENV, key)
+    monkeypatch.setattr(sys, "argv", ["keyed", "sglang_router.launch_router", "--worker-urls", "http://127.0.0.1:1"])
+    monkeypatch.setattr(sys, "stdout", sys.stdout)
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    monkeypatch.setattr(runpy, "run_module", lambda module, **kw: ran.append(list(sys.argv)))
+    keyed.main()
+    assert ran and key not in ran[0][1:-1] and ran[0][-1] == f"--api-key={key}"
+    assert parse_router_args(ran[0][1:]).api_key == key
