@@ -5,10 +5,16 @@ The key comes in the environment (endpoint.KEY_ENV, taken out before the server 
 the module's arguments inside this process (`--api-key` and, for a server, `--admin-api-key`: the same key opens the
 admin endpoints, which weight sync and memory release use), and is masked in what the process prints (SGLang logs
 its ServerArgs, key included). /proc/<pid>/cmdline, which every user of the node can read, never holds it.
+
+A CPU server (`--device cpu`) forks its scheduler and detokenizer instead of spawning them: they start with the
+modules the server has already imported, where spawned ones import SGLang, transformers and torch again (an engine of
+the tiny model answered /health after 16 s instead of 27 s on an idle two-core machine). SGLang asks for spawn because
+CUDA cannot be forked; a CPU server holds no CUDA state, so its children are forked.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import runpy
 import sys
@@ -32,12 +38,28 @@ class Masked:
         return getattr(self._stream, name)
 
 
+def forked_children() -> None:
+    """SGLang's `multiprocessing.set_start_method("spawn", force=True)` gives fork instead (a CPU server only)."""
+    choose = multiprocessing.set_start_method
+
+    def fork_instead(method: str | None, force: bool = False) -> None:
+        choose("fork", force=True)
+
+    multiprocessing.set_start_method = fork_instead
+
+
+def on_cpu(args: list[str]) -> bool:
+    return any(a == "--device=cpu" or (a == "--device" and args[i + 1:i + 2] == ["cpu"]) for i, a in enumerate(args))
+
+
 def main() -> None:
     module, args = sys.argv[1], sys.argv[2:]
     key = os.environ.pop(KEY_ENV, "")
     if module not in FLAGS or not key:
         sys.exit(f"usage: {KEY_ENV}=<key> python -m slime_hydra.rollout.sglang.keyed {{{','.join(FLAGS)}}} ARGS...")
     sys.stdout, sys.stderr = Masked(sys.stdout, key), Masked(sys.stderr, key)
+    if module == "sglang.launch_server" and on_cpu(args):
+        forked_children()
     sys.argv = [module, *args, *[f"{flag}={key}" for flag in FLAGS[module]]]  # one token: a key may begin with "-"
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

@@ -113,3 +113,31 @@ def test_a_key_beginning_with_a_dash_reaches_the_routers_parser_as_the_key(monke
     keyed.main()
     assert ran and key not in ran[0][1:-1] and ran[0][-1] == f"--api-key={key}"
     assert parse_router_args(ran[0][1:]).api_key == key
+
+
+def test_a_cpu_server_forks_its_children_and_a_gpu_server_spawns_them(monkeypatch):
+    """SGLang asks for spawn (CUDA cannot be forked); a CPU server's scheduler and detokenizer are forked instead, so
+    they start from the modules the server imported. The engines the tests start run so (tests/rollout/sglang/)."""
+    import multiprocessing
+    import runpy
+
+    from slime_hydra.rollout.sglang import keyed
+    from slime_hydra.rollout.sglang.endpoint import KEY_ENV
+
+    methods = {}
+    for device in ("cpu", "cuda"):
+        chosen = []  # what reaches multiprocessing (recorded, not set: this process keeps its own)
+        monkeypatch.setattr(multiprocessing, "set_start_method", lambda method, force=False: chosen.append(method))
+        monkeypatch.setenv(KEY_ENV, "k" * 43)
+        monkeypatch.setattr(sys, "argv", ["keyed", "sglang.launch_server", "--model-path", "m", "--device", device])
+        monkeypatch.setattr(sys, "stdout", sys.stdout)
+        monkeypatch.setattr(sys, "stderr", sys.stderr)
+
+        def server(module, **kw):  # what SGLang's launcher does first
+            multiprocessing.set_start_method("spawn", force=True)
+
+        monkeypatch.setattr(runpy, "run_module", server)
+        keyed.main()
+        methods[device] = chosen
+    assert methods == {"cpu": ["fork"], "cuda": ["spawn"]}
+    assert keyed.on_cpu(["--device=cpu"]) and not keyed.on_cpu(["--device"]) and not keyed.on_cpu(["--model-path", "cpu"])
