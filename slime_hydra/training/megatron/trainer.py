@@ -65,6 +65,7 @@ class MegatronTrainBackend:
         self.lr_at = lr_multiplier(optim.lr_decay_style, optim.lr_warmup_iters, optim.total_steps, optim.lr, optim.min_lr)
         self.steps_done = 0
         self.ref: Optional[torch.nn.Module] = None
+        self._ref_all: Optional[torch.Tensor] = None  # [N, T] the rollout's reference log-probs, with PP > 1 (KL loss)
         self._sft_optimizer = None
         self.critic = MegatronCritic(runner, policy, critic, loss) if critic is not None else None
         self.schedule = RolloutSchedule.of(loss, runner.batch, critic)
@@ -97,8 +98,21 @@ class MegatronTrainBackend:
     # -- RL ----------------------------------------------------------------------------------
     def train_rollout(self, batch: TrainBatch) -> dict[str, float]:
         critic = None if self.critic is None else self.critic.train_rollout
-        metrics = self.schedule.train(batch, self._train_step, self.compute_log_probs, critic, self.ref, self.gpt)
+        self._ref_all = self.reference_log_probs(batch)
+        try:
+            metrics = self.schedule.train(batch, self._train_step, self.compute_log_probs, critic, self.ref, self.gpt)
+        finally:
+            self._ref_all = None
         return metrics | step_figures(self.runner.device)
+
+    def reference_log_probs(self, batch: TrainBatch) -> Optional[torch.Tensor]:
+        """[N, T] the reference's log-probs for the KL loss when the pipeline has stages, else None. A micro-batch's loss
+        runs on the last stage, which holds only the reference's last layers, so the reference runs once per rollout
+        through the whole pipeline beforehand (forward only, as the old log-probs do); it changes only after the
+        rollout (ref_update_interval). With one stage the loss runs the reference itself, micro-batch by micro-batch."""
+        if self.ref is None or not self.loss.use_kl_loss or self.runner.parallel.pipeline_model_parallel_size == 1:
+            return None
+        return self.compute_log_probs(batch, self.ref)
 
     def _train_step(self, batch: TrainBatch, idx: torch.Tensor, old_all: Optional[torch.Tensor]) -> dict[str, float]:
         r, mode = self.runner, self.loss.loss_aggregation
@@ -132,9 +146,10 @@ class MegatronTrainBackend:
         return loss, torch.tensor(1, device=dev), metrics
 
     def _ref_logp(self, mb: TrainBatch) -> torch.Tensor:
-        """Reference log-probs of one micro-batch (the reference runs whole on this stage only when PP=1)."""
-        if self.runner.parallel.pipeline_model_parallel_size > 1:
-            raise NotImplementedError("algorithm.use_kl_loss with pipeline_model_parallel_size>1 is not supported yet")
+        """[n, T] reference log-probs of one micro-batch: the rollout's, taken through the pipeline (PP > 1), or the
+        reference run whole on this rank (PP = 1)."""
+        if self._ref_all is not None:
+            return self._ref_all[mb.idx, : mb.loss_mask.shape[1]].to(self.runner.device)  # the micro-batch's width
         with torch.no_grad():
             return self.runner.log_probs(mb, self.runner.forward(self.ref, mb), False)[0]
 

@@ -213,3 +213,33 @@ def critic_spawn_main(rank: int, world: int, port: int, out_dir: str, layouts: l
     for name in layouts:
         res = critic_run(cfg, hf, LAYOUTS[name], out_dir, f"critic_{name}")
         torch.save(res, os.path.join(out_dir, f"critic_{name}_rank{rank}.pt"))
+
+
+KL = ["algorithm.use_kl_loss=true", "algorithm.kl_loss_coef=1.0"]  # the KL term as large as the policy loss
+
+
+def kl_run(cfg, hf, parallel) -> dict:
+    """Two rollouts with the KL loss against the reference frozen before them (2 optimizer steps each): the first step
+    sits at the reference (KL 0), every later one away from it."""
+    import dataclasses
+
+    from tests.support.trainers import megatron_backend
+
+    par = dataclasses.replace(cfg.parallelism, **parallel)
+    b = megatron_backend(hf.state_dict(), hf.config, cfg.model, par, cfg.algorithm, cfg.train, 1.0, 10,
+                         torch.device("cpu"), seed=cfg.seed, max_response_len=8)
+    b.freeze_reference()
+    batch = fixed_batch()
+    metrics = [b.train_rollout(batch), b.train_rollout(batch)]
+    return {"metrics": metrics, "after": b.compute_log_probs(batch)}
+
+
+def kl_spawn_main(rank: int, world: int, port: int, out_dir: str, layouts: list[str]) -> None:
+    from tests.support.megatron_cpu import shim
+
+    shim.install()
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    cfg, _, hf = tiny_setup(KL)
+    for name in layouts:
+        torch.save(kl_run(cfg, hf, LAYOUTS[name]), os.path.join(out_dir, f"kl_{name}_rank{rank}.pt"))
