@@ -18,6 +18,7 @@ from slime_hydra.algorithms.estimators import ESTIMATORS, bind
 from slime_hydra.app.plugins import load_target
 from slime_hydra.config.schema import AlgorithmConfig, RunConfig, TrainConfig
 from slime_hydra.training.microbatch import budgets
+from slime_hydra.training.policy_loss import policy_loss, sft_loss
 from slime_hydra.training.specs import (
     AdvantageSpec,
     AlgorithmSpecs,
@@ -53,9 +54,13 @@ def surrogate(a: AlgorithmConfig) -> Surrogate:
     return bind(row.surrogate, row.surrogate_keys, a)
 
 
+OBJECTIVES = {"policy_loss": policy_loss, "custom_loss": policy_loss, "sft_loss": sft_loss}  # algorithm.loss_type
+
+
 def loss_spec(a: AlgorithmConfig, max_response_len: Optional[int] = None) -> LossSpec:
+    """custom_loss is the policy loss with algorithm.custom_loss as its surrogate (config/checks_algorithm.py requires it)."""
     return LossSpec(
-        surrogate=surrogate(a), loss_aggregation=a.loss_aggregation, max_response_len=max_response_len,
+        objective=OBJECTIVES[a.loss_type], surrogate=surrogate(a), loss_aggregation=a.loss_aggregation, max_response_len=max_response_len,
         entropy_coef=a.entropy_coef, use_kl_loss=a.use_kl_loss, kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type,
         use_unbiased_kl=a.use_unbiased_kl,
         tis=partial(S.tis_weights, tis_clip_low=a.tis_clip_low, tis_clip=a.tis_clip) if a.use_tis else None,

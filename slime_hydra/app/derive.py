@@ -76,9 +76,9 @@ def derive_algorithm(cfg: RunConfig, notes: list[str]) -> AlgorithmConfig:
 def derive_train(cfg: RunConfig, model_impl: str, notes: list[str]) -> TrainConfig:
     t, a = cfg.train, cfg.algorithm
     changes = derive_batch(cfg, notes)
-    if t.skip_zero_advantage_samples and (a.use_kl_loss or a.entropy_coef != 0 or a.custom_loss):
+    if t.skip_zero_advantage_samples and (a.use_kl_loss or a.entropy_coef != 0 or a.custom_loss or a.loss_type == "sft_loss"):
         changes["skip_zero_advantage_samples"] = False
-        notes.append("train.skip_zero_advantage_samples turned off: the KL/entropy/custom loss terms depend on every sample")
+        notes.append("train.skip_zero_advantage_samples turned off: the KL/entropy/custom/SFT loss terms depend on every sample")
     if t.qkv_format == "thd" and t.backend != "megatron" and model_impl == "transformers" and t.prefix_sharing:
         changes["prefix_sharing"] = False
         notes.append("train.prefix_sharing turned off: with train.qkv_format=thd each sample runs its own prompt in the packed "

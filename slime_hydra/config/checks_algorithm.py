@@ -37,6 +37,21 @@ def check_algorithm(cfg: RunConfig, problems: list[str]) -> None:
                             "used); set algorithm.use_kl_loss=true with algorithm.kl_loss_coef, or algorithm.ref_update_interval=null")
     check_target("algorithm.custom_advantage", a.custom_advantage, 4, problems)
     check_target("algorithm.custom_loss", a.custom_loss, 4, problems)
+    check_loss_type(a, problems)
+
+
+def check_loss_type(a, problems: list[str]) -> None:
+    """custom_loss needs the function; sft_loss reads neither it, the KL loss nor the entropy bonus."""
+    if a.loss_type == "custom_loss" and not a.custom_loss:
+        problems.append("algorithm.loss_type=custom_loss needs algorithm.custom_loss (a `_target_` node: fn(log_probs, "
+                        "old_log_probs, advantages, mask) -> per-token loss); set it, or algorithm.loss_type=policy_loss")
+    if a.loss_type == "sft_loss":
+        unread = [k for k, on in (("algorithm.custom_loss", bool(a.custom_loss)), ("algorithm.use_kl_loss", a.use_kl_loss),
+                                  ("algorithm.entropy_coef", a.entropy_coef != 0)) if on]
+        if unread:
+            problems.append(f"algorithm.loss_type=sft_loss trains on the response tokens' negative log-likelihood alone: "
+                            f"{', '.join(unread)} would be ignored; unset {' and '.join(unread)}, or "
+                            "algorithm.loss_type=policy_loss")
 
 
 def check_critic(cfg: RunConfig, problems: list[str]) -> None:

@@ -7,7 +7,7 @@ of algorithms/estimators.py, and algorithms/checks.py checks it.
 from __future__ import annotations
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "algorithm.loss_type": ("policy_loss", "sft_loss"),
+    "algorithm.loss_type": ("policy_loss", "sft_loss", "custom_loss"),
     "algorithm.kl_loss_type": ("k1", "k2", "k3", "low_var_kl"),
     "algorithm.loss_aggregation": ("sample_token_mean", "token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"),
     "rollout.backend": ("local", "sglang"),

@@ -94,7 +94,8 @@ class AlgorithmConfig:
 
     name: str = "grpo"
     advantage_estimator: str = "grpo"  # a row of slime_hydra/algorithms/estimators.py ESTIMATORS
-    loss_type: str = "policy_loss"  # policy_loss | sft_loss
+    # policy_loss | sft_loss (the response tokens' NLL, advantages unread) | custom_loss (policy_loss with custom_loss)
+    loss_type: str = "policy_loss"
     eps_clip: float = 0.2
     eps_clip_high: Optional[float] = None  # DAPO clip-higher; None means eps_clip
     eps_clip_c: Optional[float] = None  # dual clip lower bound (> 1) for negative advantages

@@ -5,7 +5,8 @@ torch; vocab-parallel, chunked in megatron) and hands them here; everything afte
 log-probs, surrogate, TIS, aggregation, entropy bonus, KL loss, metrics) is this one function.
 Scalars are divided by the whole step's `denom`, so they sum exactly over micro-batches.
 The surrogate (PPO-clip, GSPO, CISPO or algorithm.custom_loss, its clip ε bound) and the TIS weights
-come as callables in the LossSpec; nothing here knows an algorithm's name.
+come as callables in the LossSpec; nothing here knows an algorithm's name. `sft_loss` is the other objective a
+LossSpec may hold (algorithm.loss_type=sft_loss): the response tokens' negative log-likelihood.
 """
 
 from __future__ import annotations
@@ -55,3 +56,12 @@ def policy_loss(spec: LossSpec, logp: Tensor, ent: Tensor, old: Tensor, adv: Ten
         # slime's train_rollout_logprob_abs_diff: the trainer's old log-probs (current ones when they are the rollout's)
         per_token["rollout_logprob_abs_diff"] = ((logp.detach() if spec.use_rollout_logprobs else old) - rollout_lp).abs()
     return loss, scalars, per_token
+
+
+def sft_loss(spec: LossSpec, logp: Tensor, ent: Tensor, old: Tensor, adv: Tensor, mask: Tensor,
+             rollout_lp: Optional[Tensor], ref_logp: Callable[[], Tensor], denom: float):
+    """algorithm.loss_type=sft_loss (slime's): the negative log-likelihood of the loss-mask tokens, aggregated as the
+    policy loss is (loss_aggregation over the step's `denom`). Advantages, old log-probs and the reference are not
+    read: the samples are trained on as they are, whatever their reward."""
+    loss = L.aggregate(L.sft_token_loss(logp), mask, spec.loss_aggregation, denom)
+    return loss, {"loss": loss}, {"entropy": ent}

@@ -15,6 +15,9 @@ from torch import Tensor
 
 # surrogate(log_probs [n, T], old_log_probs [n, T], advantages [n, T], mask=mask [n, T]) -> (loss, clipped, ppo_kl), [n, T] each
 Surrogate = Callable[..., tuple[Tensor, Tensor, Tensor]]
+# objective(spec, log_probs, entropy, old_log_probs, advantages, mask, rollout_log_probs | None, ref_log_probs(),
+#           denom) -> (loss, scalar terms, per-token metrics [n, T]): training/policy_loss.py's policy_loss or sft_loss
+Objective = Callable[..., tuple[Tensor, dict, dict]]
 # tis(old_log_probs [n, T], rollout_log_probs [n, T]) -> (weights [n, T], tis_clipfrac [n, T])
 TisWeights = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 # estimate(rewards [N], mask [N, T], kl [N, T] | None, group_size) -> advantages [N, T]
@@ -27,6 +30,7 @@ CriticEstimator = Callable[[Tensor, Tensor, Optional[Tensor], Tensor], tuple[Ten
 class LossSpec:
     """The policy loss of one micro-batch (training/policy_loss.py) and the KL reference it may need."""
 
+    objective: Objective  # algorithm.loss_type: the whole loss of a micro-batch
     surrogate: Surrogate
     loss_aggregation: str  # algorithms.losses.aggregate's mode
     max_response_len: Optional[int]  # seq_mean_token_sum_norm's constant normalizer

@@ -28,7 +28,7 @@ from slime_hydra.training.microbatch import micro_batch_indices
 from slime_hydra.training.offload import HostOffload, module_tensors, optimizer_tensors
 from slime_hydra.training.optim import SKIPPED_STEPS, adamw, clip_and_step
 from slime_hydra.training.packed import packed_logits
-from slime_hydra.training.policy_loss import old_log_probs, policy_loss
+from slime_hydra.training.policy_loss import old_log_probs
 from slime_hydra.training.prefix import shared_prefix_logits
 from slime_hydra.training.rollout_schedule import RolloutSchedule
 from slime_hydra.training.schedule import lr_multiplier
@@ -167,7 +167,7 @@ class TorchTrainBackend:
             with torch.no_grad():
                 return self._log_probs(self.ref_model, mb)[0]
 
-        loss, scalars, per_token = policy_loss(spec, logp, ent, old, adv, mask, rollout_lp, ref_logp, denom)
+        loss, scalars, per_token = spec.objective(spec, logp, ent, old, adv, mask, rollout_lp, ref_logp, denom)
         return loss, scalars, per_token, mask
 
     def _zero_grads(self) -> None:

@@ -33,7 +33,7 @@ from slime_hydra.training.megatron.parallel import init_parallel
 from slime_hydra.training.megatron.runner import MegatronRunner
 from slime_hydra.training.offload import HostOffload, module_tensors, optimizer_tensors
 from slime_hydra.training.optim import SKIPPED_STEPS
-from slime_hydra.training.policy_loss import old_log_probs, policy_loss
+from slime_hydra.training.policy_loss import old_log_probs
 from slime_hydra.training.rollout_schedule import RolloutSchedule
 from slime_hydra.training.schedule import lr_multiplier
 from slime_hydra.training.specs import AlgorithmSpecs, CriticSpec, LossSpec, OptimSpec
@@ -134,13 +134,13 @@ class MegatronTrainBackend:
         return dict(m)
 
     def _loss(self, mb: TrainBatch, logits: torch.Tensor, old_all, denom: float, metric_mode: str, metric_denom: float):
-        """One micro-batch on the last stage: (loss, 1, metrics), the torch backend's policy_loss on vocab-parallel log-probs."""
+        """One micro-batch on the last stage: (loss, 1, metrics), the LossSpec's objective (the torch backend's) on vocab-parallel log-probs."""
         spec, dev = self.loss, self.runner.device
         mask, adv = mb.loss_mask.to(dev), mb.advantages.to(dev)
         logp, ent = self.runner.log_probs(mb, logits, with_entropy=bool(spec.entropy_coef))  # [n, T]
         rollout_lp = mb.rollout_log_probs.to(dev) if mb.rollout_log_probs is not None else None
         old = old_log_probs(spec, logp, rollout_lp, None if old_all is None else old_all[mb.idx])
-        loss, scalars, per_token = policy_loss(spec, logp, ent, old, adv, mask, rollout_lp, lambda: self._ref_logp(mb), denom)
+        loss, scalars, per_token = spec.objective(spec, logp, ent, old, adv, mask, rollout_lp, lambda: self._ref_logp(mb), denom)
         metrics = {k: v.detach() for k, v in scalars.items()}
         metrics |= {k: L.aggregate(t.detach(), mask, metric_mode, metric_denom) for k, t in per_token.items()}
         return loss, torch.tensor(1, device=dev), metrics
