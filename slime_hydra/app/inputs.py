@@ -57,7 +57,7 @@ def load_data(cfg: RunConfig, tokenizer) -> list[Prompt]:
                         metadata_key=d.metadata_key, apply_chat_template=d.apply_chat_template,
                         max_prompt_len=d.rollout_max_prompt_len, what="data.prompt_data", tool_key=d.tool_key,
                         on_bad_row=d.on_bad_row, generate_hooks=frozenset(cfg.rollout.generate_hooks),
-                        max_line_bytes=d.max_line_bytes)
+                        max_line_bytes=d.max_line_bytes, template_kwargs=d.apply_chat_template_kwargs)
 
 
 def stream_files(cfg: RunConfig, tokenizer) -> tuple[list, Prep]:
@@ -66,7 +66,8 @@ def stream_files(cfg: RunConfig, tokenizer) -> tuple[list, Prep]:
     if problems:
         raise DataError("; ".join(problems))
     keys = RowKeys(d.input_key, d.label_key, d.metadata_key, d.tool_key, generate_hooks=frozenset(cfg.rollout.generate_hooks))
-    return files, Prep(keys, tokenizer, d.apply_chat_template, d.rollout_max_prompt_len, d.max_line_bytes)
+    return files, Prep(keys, tokenizer, d.apply_chat_template, d.rollout_max_prompt_len, d.max_line_bytes,
+                       dict(d.apply_chat_template_kwargs))
 
 
 def build_source(cfg: RunConfig, tokenizer, train_prompts: list[Prompt]) -> PromptSource:
@@ -94,7 +95,8 @@ def build_eval_sets(cfg: RunConfig, tokenizer, sampling: SamplingParams) -> dict
                                max_prompt_len=eval_max_prompt_len(cfg, ds.eval_max_response_len),
                                what=f"eval.eval_prompt_data.{name}", max_line_bytes=d.max_line_bytes,
                                tool_key=d.tool_key, on_bad_row=d.on_bad_row, key_prefix=f"eval.eval_prompt_data.{name}",
-                               generate_hooks=frozenset(cfg.rollout.generate_hooks))
+                               generate_hooks=frozenset(cfg.rollout.generate_hooks),
+                               template_kwargs=d.apply_chat_template_kwargs)
         scorer = reward_scorer(dataclasses.replace(cfg.reward, rm_type=ds.rm_type), cfg.eval.eval_reward_key)
         sets[name] = EvalSet(prompts, eval_sampling(ds, sampling), ds.n_samples_per_eval_prompt, scorer)
     return sets

@@ -26,6 +26,9 @@ def check_data(cfg: RunConfig, problems: list[str]) -> None:
 
     check_prompt_data(cfg, problems)  # a glob, a directory, a Hugging Face dataset too
     check_streaming(cfg, problems)
+    if cfg.data.apply_chat_template_kwargs and not cfg.data.apply_chat_template:
+        problems.append(f"data.apply_chat_template_kwargs={dict(cfg.data.apply_chat_template_kwargs)} is given to the chat "
+                        "template, which is off; set data.apply_chat_template=true or data.apply_chat_template_kwargs={}")
     for name, ds in eval_datasets(cfg, problems).items():
         one(f"eval.eval_prompt_data.{name}" + ("" if isinstance(cfg.eval.eval_prompt_data[name], str) else ".path"), ds.path)
 

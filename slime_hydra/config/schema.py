@@ -224,6 +224,9 @@ class DataConfig:
     metadata_key: str = "metadata"
     tool_key: Optional[str] = None  # slime's --tool-key: a row's tool list, passed to the chat template as tools=
     apply_chat_template: bool = False
+    # slime's --apply-chat-template-kwargs: what the chat template is given besides the messages (Qwen3's
+    # enable_thinking: false, for example); needs apply_chat_template
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     # longer prompts (in tokens) are dropped when read, counted in data/overlong_rows. None: the model's context
     # (model.max_position_embeddings, config.json's with model.hf_checkpoint, rollout.sglang.context_length when set)
     # minus rollout.rollout_max_response_len, filled in at validation (an eval set: minus its eval_max_response_len)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 from slime_hydra.config.datafiles import resolve
 from slime_hydra.data.rows import MAX_LINE_BYTES, RowKeys, read_rows
@@ -35,13 +35,16 @@ class PromptList(list):
     overlong_rows: int = 0
 
 
-def render_text(row: dict, tokenizer, apply_chat_template: bool, path: str, input_key: str) -> str:
-    """What the model sees of a checked row: the chat template applied (tools listed), or the string as it is."""
+def render_text(row: dict, tokenizer, apply_chat_template: bool, path: str, input_key: str,
+                template_kwargs: Optional[Mapping[str, Any]] = None) -> str:
+    """What the model sees of a checked row: the chat template applied (tools listed, data.apply_chat_template_kwargs
+    given to it), or the string as it is."""
     raw = row["prompt"]
     if apply_chat_template:
         messages = raw if isinstance(raw, list) else [{"role": "user", "content": raw}]
         tools = {"tools": row["tools"]} if row["tools"] else {}  # data.tool_key: the template lists the tools
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **tools)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **tools,
+                                             **(template_kwargs or {}))
     if isinstance(raw, list):
         raise DataError(f"{path}:{row['line']}: {input_key!r} is a chat list of messages, which needs the chat "
                         "template; set data.apply_chat_template=true")
@@ -66,6 +69,7 @@ def load_prompts(
     key_prefix: str = "data",
     generate_hooks: frozenset[str] = frozenset(),
     max_line_bytes: int = MAX_LINE_BYTES,
+    template_kwargs: Optional[Mapping[str, Any]] = None,
 ) -> PromptList:
     """Checked, rendered and tokenized prompts; key_prefix names the config group of input_key/label_key,
     generate_hooks the names a row's metadata.custom_generate may take.
@@ -82,7 +86,7 @@ def load_prompts(
                          max_line_bytes)
         prompts.skipped_rows += len(read.skipped)
         for row in read.rows:
-            text = render_text(row, tokenizer, apply_chat_template, f.path, input_key)
+            text = render_text(row, tokenizer, apply_chat_template, f.path, input_key, template_kwargs)
             tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
             if max_prompt_len is not None and len(tokens) > max_prompt_len:
                 prompts.overlong_rows += 1

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 from slime_hydra.config.datafiles import DataFile
 from slime_hydra.data.dataset import columns_to_rows, open_dataset, render_text, to_prompt
@@ -64,6 +64,7 @@ class Prep:
     apply_chat_template: bool = False
     max_prompt_len: Optional[int] = None
     max_line_bytes: int = MAX_LINE_BYTES
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # data.apply_chat_template_kwargs
 
 
 _DATASETS: dict[str, Any] = {}  # path -> open memory-mapped dataset, one per process
@@ -180,7 +181,8 @@ def process_block(block: Block, files: list[DataFile], prep: Prep, defer: bool =
             text = None if prep.apply_chat_template else render_text(row, prep.tokenizer, False, path, prep.keys.input_key)
             events.append(("ok", Pending(row, text, pos), pos))
             continue
-        good.append((len(events), row, render_text(row, prep.tokenizer, prep.apply_chat_template, path, prep.keys.input_key)))
+        good.append((len(events), row, render_text(row, prep.tokenizer, prep.apply_chat_template, path, prep.keys.input_key,
+                                                     prep.template_kwargs)))
         events.append(["ok", None, pos])
     if good:
         ids = tokenize([text for _, _, text in good], prep.tokenizer)
@@ -197,7 +199,7 @@ def finish(items: list, prep: Prep) -> list:
     todo = [i for i, p in enumerate(items) if isinstance(p, Pending) and p.prompt is None]
     if todo:
         texts = [items[i].text if items[i].text is not None else render_text(
-            items[i].row, prep.tokenizer, True, "", prep.keys.input_key) for i in todo]
+            items[i].row, prep.tokenizer, True, "", prep.keys.input_key, prep.template_kwargs) for i in todo]
         for i, text, tokens in zip(todo, texts, tokenize(texts, prep.tokenizer)):
             items[i].prompt = to_prompt(items[i].row, text, tokens)
     return [p.prompt if isinstance(p, Pending) else p for p in items]

@@ -100,3 +100,40 @@ def test_cli_bad_input_exits_2_with_one_clear_message(workdir, kind):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr + proc.stdout
     assert expected in proc.stderr
+
+
+QWEN3_THINKING = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n"
+                  "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+                  "{% endif %}")  # the part of Qwen3's template that reads enable_thinking
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_chat_template_kwargs_reach_the_template(tmp_path, streaming):
+    """data.apply_chat_template_kwargs (slime's --apply-chat-template-kwargs) go to the chat template of every prompt,
+    loaded or streamed: enable_thinking=false gives Qwen3's empty think block."""
+    from slime_hydra.app.inputs import load_data, stream_files
+    from slime_hydra.app.preflight import compose_run
+    from slime_hydra.data.stream import read_head
+
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{a}+1=", "label": str(a + 1)}) + "\n" for a in range(3)))
+    tok = build_char_tokenizer()
+    tok.chat_template = QWEN3_THINKING
+    got = {}
+    for kwargs in ((), ("+data.apply_chat_template_kwargs.enable_thinking=false",)):
+        cfg = compose_run([f"data.prompt_data={path}", "data.apply_chat_template=true", f"data.streaming={streaming}",
+                           *kwargs, "warmstart.steps=1", "warmstart.min_steps=0"])
+        prompts = read_head(*stream_files(cfg, tok), 3, "error") if streaming else load_data(cfg, tok)
+        got[bool(kwargs)] = [p.text for p in prompts]
+    assert got[False][0] == "<|im_start|>user\n0+1=<|im_end|>\n<|im_start|>assistant\n"
+    assert got[True] == [t + "<think>\n\n</think>\n\n" for t in got[False]]
+
+
+def test_chat_template_kwargs_without_the_template_are_refused():
+    from slime_hydra.app.preflight import compose_run
+    from slime_hydra.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"data.apply_chat_template_kwargs=\{'enable_thinking': False\} is given to the "
+                                          r"chat template, which is off; set data.apply_chat_template=true"):
+        compose_run(["+data.apply_chat_template_kwargs.enable_thinking=false"])
