@@ -189,7 +189,7 @@ class RolloutConfig:
     # (metadata.custom_generate: "<name>"; verl's agent_name). A row names code only through this registry, filled
     # from the config; a row naming anything else (a dotted path, an unknown name) is a bad row (data.on_bad_row).
     generate_hooks: dict[str, Any] = field(default_factory=dict)
-    max_turns: int = 1  # model turns per sample of a multi-turn generate (slime's --max-turns)
+    max_turns: int = 1  # model turns per sample of a multi-turn generate (slime has no such flag: its agents count their own)
     # -- backend=sglang (slime_hydra/rollout/sglang/): engines = cluster.rollout_num_gpus / rollout_num_gpus_per_engine --
     # SGLang ServerArgs pass-through (slime's --sglang-<flag>), e.g. {mem_fraction_static: 0.8, context_length: 8192};
     # checked against sglang's ServerArgs fields. model_path, tp_size, port, host and random_seed are the runner's.
@@ -236,7 +236,7 @@ class DataConfig:
     on_bad_row: str = "error"
     # a jsonl line longer than this (bytes) is a bad row, skipped over without being read whole (data/rows.py)
     max_line_bytes: int = 16 << 20
-    # Prompt data at scale (slime's --streaming-data, --num-data-workers): streaming reads prompt_data lazily
+    # Prompt data at scale (slime has no such flags: it loads the prompt file whole): streaming reads prompt_data lazily
     # (a jsonl/parquet file, a glob, a directory, or a Hugging Face save_to_disk directory) and shuffles it
     # through a buffer of shuffle_buffer_size prompts per epoch; num_workers processes read, check, template
     # and tokenize ahead of the rollout (0: in the driver); a worker silent for worker_timeout_s is an error.
