@@ -107,7 +107,7 @@ class MegatronCritic:
         metric_denom = L.step_denominator([batch.loss_mask[idx]], metric_mode)
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
-        outs = r.run(self.ddp, r.micro_batches(batch, r.dp_share(idx)),
+        outs = r.run(self.ddp, r.share_micro_batches(batch, idx),
                      partial(self._loss, denom=denom, metric_mode=metric_mode, metric_denom=metric_denom), forward_only=False)
         m = r.step_metrics(outs)
         m["train/value_grad_norm"] = r.optimizer_step(self.optimizer, self.lr_at(self.steps_done) * self.spec.optim.lr)

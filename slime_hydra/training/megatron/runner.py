@@ -131,6 +131,19 @@ class MegatronRunner:
             mb.idx = rows
         return mbs
 
+    def share_micro_batches(self, batch: TrainBatch, idx: torch.Tensor) -> list[TrainBatch]:
+        """This DP rank's micro-batches of the rows `idx`. A rank whose share is empty while another's is not (fewer
+        rows than DP ranks: skip_zero_advantage_samples with few samples kept) runs one row with its loss mask and
+        advantages zeroed: it adds nothing to the loss, the gradients or the metrics, and it takes part in the step's
+        collectives (the gradient reduction, the metric sums), which the other ranks would otherwise wait on until
+        cluster.distributed_timeout_s."""
+        mine = self.dp_share(idx)
+        if len(mine) or not len(idx):
+            return self.micro_batches(batch, mine)
+        (mb,) = self.micro_batches(batch, idx[:1])
+        mb.loss_mask, mb.advantages = torch.zeros_like(mb.loss_mask), torch.zeros_like(mb.advantages)
+        return [mb]
+
     @staticmethod
     def dp_share(idx: torch.Tensor) -> torch.Tensor:
         """This DP rank's share of the rows `idx` (every rank takes the whole batch and picks its own)."""

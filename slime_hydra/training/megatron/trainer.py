@@ -120,7 +120,7 @@ class MegatronTrainBackend:
         keep = idx[(batch.advantages[idx] != 0).any(-1)] if r.batch.skip_zero_advantage_samples else idx
         metric_mode = L.metric_aggregation(mode)
         metric_denom = max(1.0, L.step_denominator([batch.loss_mask[keep]], metric_mode))
-        mbs = r.micro_batches(batch, r.dp_share(keep))  # mb.idx: the rows of old_all each micro-batch reads
+        mbs = r.share_micro_batches(batch, keep)  # mb.idx: the rows of old_all each micro-batch reads
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         outs = r.run(self.ddp, mbs, partial(self._loss, old_all=old_all, denom=denom, metric_mode=metric_mode,
@@ -168,10 +168,10 @@ class MegatronTrainBackend:
 
         # this DP rank's share of the rows, as in _train_step: the gradients are summed over DP, so a rank that took every
         # row made the step's gradient DP times the one-process one (grad norm 13.81 vs 6.90 at DP=2, before clipping)
-        mine = r.dp_share(torch.arange(batch.num_samples))
+        rows = torch.arange(batch.num_samples)
         self.ddp.zero_grad_buffer()
         self._sft_optimizer.zero_grad()
-        outs = r.run(self.ddp, r.micro_batches(batch, mine), loss_fn, forward_only=False)
+        outs = r.run(self.ddp, r.share_micro_batches(batch, rows), loss_fn, forward_only=False)
         r.optimizer_step(self._sft_optimizer, lr)
         loss = r.sum_over_dp({"loss": sum(float(o["loss"]) for o in outs)})  # shares of the whole batch's denominator
         return r.from_last_stage(loss["loss"])

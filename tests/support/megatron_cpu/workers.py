@@ -243,3 +243,38 @@ def kl_spawn_main(rank: int, world: int, port: int, out_dir: str, layouts: list[
     cfg, _, hf = tiny_setup(KL)
     for name in layouts:
         torch.save(kl_run(cfg, hf, LAYOUTS[name]), os.path.join(out_dir, f"kl_{name}_rank{rank}.pt"))
+
+
+ONE_KEPT = ["train.skip_zero_advantage_samples=true", "train.num_steps_per_rollout=1"]
+
+
+def one_kept_batch():
+    """The fixed batch with every advantage but row 0's zeroed: skip_zero_advantage_samples keeps one row of the
+    step, so at DP=2 one rank's share is empty."""
+    batch = fixed_batch()
+    batch.advantages[1:] = 0
+    return batch
+
+
+def one_kept_run(cfg, hf, parallel) -> dict:
+    import dataclasses
+
+    from tests.support.trainers import megatron_backend
+
+    par = dataclasses.replace(cfg.parallelism, **parallel)
+    b = megatron_backend(hf.state_dict(), hf.config, cfg.model, par, cfg.algorithm, cfg.train, 1.0, 10,
+                         torch.device("cpu"), seed=cfg.seed, max_response_len=8)
+    batch = one_kept_batch()
+    metrics = b.train_rollout(batch)
+    return {"metrics": metrics, "after": b.compute_log_probs(batch)}
+
+
+def one_kept_spawn_main(rank: int, world: int, port: int, out_dir: str, layouts: list[str]) -> None:
+    from tests.support.megatron_cpu import shim
+
+    shim.install()
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    cfg, _, hf = tiny_setup(ONE_KEPT)
+    for name in layouts:
+        torch.save(one_kept_run(cfg, hf, LAYOUTS[name]), os.path.join(out_dir, f"one_kept_{name}_rank{rank}.pt"))
