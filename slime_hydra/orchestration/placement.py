@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from slime_hydra import ports
 from slime_hydra.config.schema import ClusterConfig
 from slime_hydra.errors import UserError
 from slime_hydra.orchestration import local_cluster
@@ -177,14 +178,9 @@ def on_bundle(pg, index: int) -> dict:
 
 def node_ip_and_free_port() -> tuple[str, int]:
     """Run inside rank 0: the address its process group listens on."""
-    import socket
-
     import ray
 
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-    return ray.util.get_node_ip_address(), port
+    return ray.util.get_node_ip_address(), ports.free_port()
 
 
 def shutdown(pg: Optional[object], started: bool) -> None:

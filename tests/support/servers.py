@@ -31,25 +31,20 @@ from pathlib import Path
 
 import pytest
 
+from slime_hydra import ports
+
 BIN = Path(sys.executable).parent
 RAY_HEAD_CPUS = 16  # logical: enough for the modules that run side by side (8 for the megatron + SGLang module)
 
 
 def free_port() -> int:
-    return free_ports(1)[0]
+    return ports.free_port()
 
 
 def free_ports(n: int) -> list[int]:
-    """`n` distinct free loopback ports. All sockets stay bound until every port is picked: ports picked one at a
-    time may repeat (the kernel hands a just-closed port out again), and Ray refuses a port given to two components."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """`n` distinct free ports (slime_hydra/ports.py: outside the kernel's ephemeral range, so no outgoing connection
+    takes one between the pick and the server's bind); Ray refuses a port given to two components."""
+    return ports.free_ports(n)
 
 
 def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float, headers: dict | None = None) -> None:

@@ -12,25 +12,19 @@ import atexit
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import time
 import weakref
 from pathlib import Path
 
+from slime_hydra import ports
 from slime_hydra.config.redact import redact_argv
 
 _LIVE: "weakref.WeakSet[ManagedProcess]" = weakref.WeakSet()
 
 
 def free_port(avoid: set[int] | None = None) -> int:
-    avoid = avoid or set()
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in avoid:
-            return port
+    return ports.free_port(frozenset(avoid or ()))
 
 
 def _die_with_parent() -> None:

@@ -38,9 +38,10 @@ def check(model: ModelConfig, parallelism: ParallelismConfig, train: TrainConfig
     if ep > 1:  # the HF<->Megatron converter (convert.py) places every expert on every rank
         problems.append(f"parallelism.expert_model_parallel_size={ep}: expert parallelism is not supported by this "
                         "backend's weight conversion yet; set parallelism.expert_model_parallel_size=1")
-    if p.sequence_parallel:  # megatron's torch-norm fallback asserts without sequence-parallel support
-        problems.append("parallelism.sequence_parallel=true needs Transformer Engine or Apex norms, which this backend does "
-                        "not use; set parallelism.sequence_parallel=false")
+    if p.sequence_parallel and tp == 1:  # megatron's TransformerConfig refuses it too
+        problems.append("parallelism.sequence_parallel=true splits the sequence over the tensor-parallel ranks, and "
+                        "parallelism.tensor_model_parallel_size=1 has one; set tensor_model_parallel_size>1 or "
+                        "sequence_parallel=false")
     if p.recompute_granularity not in (None, "full", "selective"):
         problems.append(f"parallelism.recompute_granularity={p.recompute_granularity!r} is not one of [null, 'full', 'selective']")
     if p.recompute_activations and p.recompute_granularity not in (None, "selective"):

@@ -67,10 +67,47 @@ class SDPAttention(DotProductAttention):
         return out.reshape(out.shape[0], -1)
 
 
-def _norm(config: TransformerConfig):
+class TorchNorm:
+    """torch's LayerNorm / RMSNorm as megatron's WrappedTorchNorm builds them, with sequence parallelism.
+
+    With parallelism.sequence_parallel each TP rank norms its own slice of the sequence, so a norm weight's gradient
+    on one rank is a partial sum; its parameters are marked `sequence_parallel`, and megatron's finalize_model_grads
+    adds such gradients over the TP group (as it does for Transformer Engine's norms). WrappedTorchNorm refuses
+    sequence parallelism outright. Every norm of the model is this one (`local_norms`)."""
+
+    def __new__(cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **unused):
+        if config.layernorm_zero_centered_gamma:
+            raise ValueError("layernorm_zero_centered_gamma is not supported by torch's norms")
+        kinds = {"LayerNorm": torch.nn.LayerNorm, "RMSNorm": torch.nn.RMSNorm}
+        if config.normalization not in kinds:
+            raise ValueError(f"normalization={config.normalization!r}: torch's norms are {sorted(kinds)}")
+        norm = kinds[config.normalization](normalized_shape=hidden_size, eps=eps)
+        if config.sequence_parallel:
+            for p in norm.parameters():
+                p.sequence_parallel = True
+        return norm
+
+
+def local_norms(spec):
+    """`spec` (a layer's ModuleSpec, its submodules, recursively) with every WrappedTorchNorm replaced by TorchNorm."""
+    import dataclasses
+
+    from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    return WrappedTorchNorm(config=config, hidden_size=config.hidden_size, eps=config.layernorm_epsilon)
+    if spec is WrappedTorchNorm:
+        return TorchNorm
+    if isinstance(spec, ModuleSpec):
+        spec.module = local_norms(spec.module)
+        spec.submodules = local_norms(spec.submodules)
+    elif dataclasses.is_dataclass(spec) and not isinstance(spec, type):
+        for f in dataclasses.fields(spec):
+            setattr(spec, f.name, local_norms(getattr(spec, f.name)))
+    return spec
+
+
+def _norm(config: TransformerConfig):
+    return TorchNorm(config=config, hidden_size=config.hidden_size, eps=config.layernorm_epsilon)
 
 
 class _PostNorm:
@@ -185,7 +222,10 @@ _MEGATRON_THD_ROPE = rope_utils._apply_rotary_pos_emb_thd
 
 
 def layer_spec(m: ModelConfig, config: TransformerConfig, sdpa: bool = True):
-    """The local spec: one layer spec (dense), or per-layer specs following model.moe_layer_freq (MoE)."""
+    """The local spec of this stage's layers and the final norm (TransformerBlockSubmodules): dense, or per-layer specs
+    following model.moe_layer_freq (MoE); every norm a TorchNorm."""
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
     if m.multi_latent_attention or m.num_experts:
         _without_te()
     rope_utils._apply_rotary_pos_emb_thd = _thd_rope  # read at each call by rope_utils.apply_rotary_pos_emb
@@ -193,22 +233,25 @@ def layer_spec(m: ModelConfig, config: TransformerConfig, sdpa: bool = True):
         block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=m.normalization)
         specs = block.layer_specs
     else:
-        block = get_gpt_layer_local_spec(qk_layernorm=m.qk_layernorm, multi_latent_attention=m.multi_latent_attention,
-                                         normalization=m.normalization)
-        specs = [block]
+        one = get_gpt_layer_local_spec(qk_layernorm=m.qk_layernorm, multi_latent_attention=m.multi_latent_attention,
+                                       normalization=m.normalization)
+        block = TransformerBlockSubmodules(layer_specs=[one] * get_num_layers_to_build(config), layer_norm=TorchNorm)
+        specs = [one]  # the same spec object for every layer
     for spec in specs:
         if sdpa:
             spec.submodules.self_attention.submodules.core_attention = SDPAttention
         if m.post_self_attn_layernorm:  # glm4 (both post norms come together: convert.check_convertible)
             spec.submodules.self_attention.module = PostNormSelfAttention
             spec.submodules.mlp.module = PostNormMLP
+        local_norms(spec)
+    block.layer_norm = TorchNorm
     return block
 
 
 def cast_parameters(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     """Every parameter in `dtype`, as megatron's Float16Module (module.bfloat16()) leaves a bf16/fp16 model.
 
-    The local spec's norms (WrappedTorchNorm: torch.nn.RMSNorm / LayerNorm) are built in torch's default float32
+    The local spec's norms (TorchNorm: torch.nn.RMSNorm / LayerNorm) are built in torch's default float32
     whatever params_dtype says; left so, they are the fp32 params that Float16OptimizerWithFloat16Params keeps
     outside its float16 groups, and its sharded_state_dict (0.16.1, optimizer.py:812) maps only those groups:
     a checkpoint save fails with `Param id N does not match any model sharded param`. Buffers stay as built:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 from megatron.core import tensor_parallel
 
+from slime_hydra import ports
 from slime_hydra.config.schema import ParallelismConfig
 
 # megatron's rank order (initialize_model_parallel's default, passed explicitly so the plan reads the same one): TP
@@ -31,9 +31,7 @@ def rank_groups(p: ParallelismConfig, world_size: int) -> dict[str, list[list[in
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ports.free_port()
 
 
 def init_parallel(p: ParallelismConfig, seed: int, backend: str, timeout_s: float = 1800.0) -> None:

@@ -8,6 +8,7 @@ import torch
 
 LAYOUTS = {  # name -> parallelism overrides (2 processes: what is not TP or PP is DP)
     "tp2": {"tensor_model_parallel_size": 2},
+    "tp2_sp": {"tensor_model_parallel_size": 2, "sequence_parallel": True},  # the norms' gradients summed over TP
     "pp2": {"pipeline_model_parallel_size": 2},
     "dp2": {"use_distributed_optimizer": True},
 }

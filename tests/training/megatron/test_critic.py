@@ -14,7 +14,7 @@ import torch
 
 from tests.support.megatron_cpu import shim, workers
 
-LAYOUTS = ("tp2", "pp2", "dp2")
+LAYOUTS = ("tp2", "tp2_sp", "pp2", "dp2")
 
 
 @pytest.fixture(scope="module")
