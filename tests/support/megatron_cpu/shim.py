@@ -65,7 +65,7 @@ def install() -> None:
 
     sys.modules.setdefault("flash_mla", None)  # sglang's CUDA-only wheel: raises OSError, not ImportError, on CPU
     c = torch.cuda
-    c.current_device = lambda: 0
+    c.current_device = lambda: torch.device("cpu")  # in backward passes too, where the mode below is not active
     c.device_count = lambda: 1
     c.set_device = lambda *a: None
     c.synchronize = lambda *a: None
