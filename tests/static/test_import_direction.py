@@ -4,7 +4,7 @@ Read from the source with `ast` (nothing is imported), function-level and TYPE_C
 included: an import inside a function still ties the two modules. The floors, top first:
 
     cli -> app -> engine, orchestration -> training, rollout, agent
-        -> algorithms, rewards, data, models, tracking -> config, types, errors, aio, runtime
+        -> algorithms, rewards, data, models, tracking -> config, types, errors, aio, runtime, ports
 
 An import may point down any number of floors or stay on its floor; one pointing up, or any
 circle of modules, fails with the file, the line and the two floors. A new top-level module or
@@ -25,7 +25,7 @@ FLOORS: list[tuple[str, ...]] = [  # top first
     ("engine", "orchestration"),
     ("training", "rollout", "agent"),
     ("algorithms", "rewards", "data", "models", "tracking"),
-    ("config", "types", "protocols", "errors", "aio", "runtime", "__init__"),
+    ("config", "types", "protocols", "errors", "aio", "runtime", "ports", "__init__"),
 ]
 HEIGHT = {part: len(FLOORS) - i for i, parts in enumerate(FLOORS) for part in parts}
 
