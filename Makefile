@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install run test test-fast test-all lint bench bench-rollout bench-algorithms bench-async bench-megatron bench-megatron-mix bench-sglang-gpu bench-data clean golden
+.PHONY: help install run test test-fast test-all lint bench bench-rollout bench-algorithms bench-async bench-megatron bench-megatron-mix bench-sglang-gpu bench-data bench-engine-start clean golden
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -47,6 +47,9 @@ bench: $(STAMP) ## the embedded default against TRL's GRPOTrainer, same model/da
 
 bench-rollout: $(STAMP) ## rollout tokens/s and weight-sync seconds: local vs sglang (two engines + router) on CPU
 	$(PY) -m benchmarks.bench_rollout
+
+bench-engine-start: $(STAMP) ## an SGLang CPU engine's start to its first request: children forked vs spawned
+	$(PY) -m benchmarks.bench_engine_start
 
 bench-algorithms: $(STAMP) ## every algorithm= option from one warm start: held-out accuracy and wall time
 	$(PY) -m benchmarks.bench_algorithms
