@@ -132,13 +132,18 @@ def dtypes(b) -> dict[str, set]:
             "moments": {t.dtype for t in moments}, "num_moments": len(moments), "num_main": len(main)}
 
 
-def spawn_main(rank: int, world: int, port: int, out_dir: str, layouts: list[str]) -> None:
+def rank_setup(rank: int, world: int, port: int, overrides: list[str] = ()):
+    """A spawned rank joins the gloo world on `port`, one thread, the shim installed: tiny_setup(overrides)."""
     from tests.support.megatron_cpu import shim
 
     shim.install()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    cfg, _, hf = tiny_setup()
+    return tiny_setup(overrides)
+
+
+def spawn_main(rank: int, world: int, port: int, out_dir: str, layouts: list[str]) -> None:
+    cfg, _, hf = rank_setup(rank, world, port)
     for name in layouts:
         res = run_layout(cfg, hf, LAYOUTS[name], out_dir, name)
         torch.save(res, os.path.join(out_dir, f"{name}_rank{rank}.pt"))
@@ -205,12 +210,7 @@ def critic_resume(cfg, hf, parallel, ckpt_dir: str) -> dict:
 
 
 def critic_spawn_main(rank: int, world: int, port: int, out_dir: str, layouts: list[str]) -> None:
-    from tests.support.megatron_cpu import shim
-
-    shim.install()
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    cfg, _, hf = tiny_setup(PPO)
+    cfg, _, hf = rank_setup(rank, world, port, PPO)
     for name in layouts:
         res = critic_run(cfg, hf, LAYOUTS[name], out_dir, f"critic_{name}")
         torch.save(res, os.path.join(out_dir, f"critic_{name}_rank{rank}.pt"))
@@ -236,12 +236,7 @@ def kl_run(cfg, hf, parallel) -> dict:
 
 
 def kl_spawn_main(rank: int, world: int, port: int, out_dir: str, layouts: list[str]) -> None:
-    from tests.support.megatron_cpu import shim
-
-    shim.install()
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    cfg, _, hf = tiny_setup(KL)
+    cfg, _, hf = rank_setup(rank, world, port, KL)
     for name in layouts:
         torch.save(kl_run(cfg, hf, LAYOUTS[name]), os.path.join(out_dir, f"kl_{name}_rank{rank}.pt"))
 
@@ -271,11 +266,6 @@ def one_kept_run(cfg, hf, parallel) -> dict:
 
 
 def one_kept_spawn_main(rank: int, world: int, port: int, out_dir: str, layouts: list[str]) -> None:
-    from tests.support.megatron_cpu import shim
-
-    shim.install()
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    cfg, _, hf = tiny_setup(ONE_KEPT)
+    cfg, _, hf = rank_setup(rank, world, port, ONE_KEPT)
     for name in layouts:
         torch.save(one_kept_run(cfg, hf, LAYOUTS[name]), os.path.join(out_dir, f"one_kept_{name}_rank{rank}.pt"))
