@@ -29,6 +29,20 @@ def cli(args: list[str], cwd: Path, **env: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
+def sigterm_after_rollout(run, dump: Path) -> tuple[str, float]:
+    """SIGTERM to the run's process group once `dump` (a rollout's debug dump) is written, between two periodic
+    checkpoints: (its stderr, seconds from the signal to its exit)."""
+    deadline = time.monotonic() + 600
+    while not dump.is_file():
+        assert run.poll() is None, run.communicate()[1][-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    sent = time.monotonic()
+    os.killpg(run.pid, signal.SIGTERM)
+    _, err = run.communicate(timeout=120)
+    return err, time.monotonic() - sent
+
+
 def group_alive(pgid: int) -> list[int]:
     """Live (not zombie) processes of process group `pgid`."""
     out = []
@@ -58,15 +72,7 @@ def test_sigterm_to_the_group_checkpoints_marks_killed_and_the_resume_is_exact(t
     run = cli([*RUN, f"logger.tracking_uri={db}", f"hydra.run.dir={tmp_path}/run", f"save_debug_rollout_data={tmp_path}/dump"],
               tmp_path)
     root = tmp_path / "run" / "checkpoints"
-    deadline = time.monotonic() + 600
-    while not (tmp_path / "dump" / "rollout_000004.jsonl").is_file():
-        assert run.poll() is None, run.communicate()[1][-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    sent = time.monotonic()
-    os.killpg(run.pid, signal.SIGTERM)
-    _, err = run.communicate(timeout=120)
-    took = time.monotonic() - sent
+    err, took = sigterm_after_rollout(run, tmp_path / "dump" / "rollout_000004.jsonl")
     assert run.returncode == 143, err[-3000:]
     assert took < 20, took  # stop_grace_s's default
     assert "stopped by SIGTERM after the step in progress, its checkpoint written" in err and "Traceback" not in err
@@ -103,15 +109,7 @@ def test_the_same_stop_under_a_local_ray_cluster(tmp_path):
     ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths must fit in 107 bytes
     run = cli([*RUN, "cluster.backend=ray", "cluster.address=local", f"logger.tracking_uri={db}",
                f"hydra.run.dir={tmp_path}/run", f"save_debug_rollout_data={tmp_path}/dump"], tmp_path, RAY_TMPDIR=str(ray_tmp))
-    deadline = time.monotonic() + 600
-    while not (tmp_path / "dump" / "rollout_000004.jsonl").is_file():
-        assert run.poll() is None, run.communicate()[1][-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    sent = time.monotonic()
-    os.killpg(run.pid, signal.SIGTERM)
-    _, err = run.communicate(timeout=120)
-    took = time.monotonic() - sent
+    err, took = sigterm_after_rollout(run, tmp_path / "dump" / "rollout_000004.jsonl")
     assert run.returncode == 143, err[-3000:]
     assert took < 20, took
     root = tmp_path / "run" / "checkpoints"
