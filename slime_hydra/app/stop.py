@@ -28,16 +28,24 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 KILLED_TRY_S = 3.0  # how long a hard stop waits for the tracker to take the KILLED status
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live process below `pid` (Linux /proc), children before their own."""
-    children: dict[int, list[int]] = {}
+def processes() -> dict[int, list[str]]:
+    """pid -> the fields of /proc/<pid>/stat after the command name (state, ppid, pgrp, ...), every process (Linux)."""
+    out = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 stat = Path(f"/proc/{entry}/stat").read_text()
             except OSError:
                 continue
-            children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(entry))
+            out[int(entry)] = stat[stat.rindex(")") + 2:].split()
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (Linux /proc), children before their own."""
+    children: dict[int, list[int]] = {}
+    for p, fields in processes().items():
+        children.setdefault(int(fields[1]), []).append(p)
     out, todo = [], list(children.get(pid, []))
     while todo:
         p = todo.pop(0)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from slime_hydra.app.stop import processes
 from slime_hydra.engine.checkpoint import load_state
 from tests.support.runs import FAST, cli_env, mlflow_db
 
@@ -45,17 +46,7 @@ def sigterm_after_rollout(run, dump: Path) -> tuple[str, float]:
 
 def group_alive(pgid: int) -> list[int]:
     """Live (not zombie) processes of process group `pgid`."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                out.append(int(entry))
-    return out
+    return [p for p, fields in processes().items() if int(fields[2]) == pgid and fields[0] not in ("Z", "X")]
 
 
 def history(root: Path) -> list[tuple[int, dict]]:
