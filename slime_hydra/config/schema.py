@@ -385,10 +385,21 @@ class WarmStartConfig:
 
 @dataclass
 class LoggerConfig:
-    tracker: str = "mlflow"  # mlflow | tensorboard | none
+    tracker: str = "mlflow"  # mlflow | tensorboard | wandb | none
     tracking_uri: str = "sqlite:///mlruns.db"
     mlflow_experiment: str = "slime_hydra"
     tensorboard_dir: str = "tensorboard"
+    # -- tracker=wandb (slime's --wandb-* flags; tracking/wandb_tracker.py) --
+    # offline: the run is written under <output_dir>/<wandb_dir> and nothing leaves the machine (`wandb sync` uploads
+    # it later) | online: sent as it runs; needs the key in the environment (WANDB_API_KEY), never in the config, which
+    # is logged and saved | disabled. slime's default is W&B's (online unless WANDB_MODE says otherwise)
+    wandb_mode: str = "offline"
+    wandb_project: str = "slime_hydra"  # slime: None (W&B's "uncategorized")
+    wandb_team: Optional[str] = None  # W&B entity; None: the key's default entity
+    wandb_group: Optional[str] = None
+    wandb_run_name: Optional[str] = None  # None: the run's name, as MLflow gets it (slime: wandb_group + a random suffix)
+    wandb_host: Optional[str] = None  # a W&B server's URL (online); None: W&B's cloud
+    wandb_dir: str = "wandb"  # under the run's output directory
     # a tracker call that fails is retried this many times (exponential backoff from tracker_retry_backoff_s), then
     # given up with a warning: the run goes on, its checkpoints written; points not logged are sent again once the
     # tracker works, and those still missing are reported at the end (tracking/retrying.py)
