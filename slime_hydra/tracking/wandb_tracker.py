@@ -18,7 +18,6 @@ logger.wandb_group), and logging from more than one process (slime's secondary r
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Optional
@@ -32,11 +31,10 @@ class WandbTracker:
         import wandb  # kept out of every run that logs elsewhere (its import starts no service, but costs ~1 s)
 
         Path(save_dir).mkdir(parents=True, exist_ok=True)
-        if host:
-            os.environ["WANDB_BASE_URL"] = host  # read by W&B at init; the key stays in WANDB_API_KEY
+        where = {"base_url": host} if host else {}  # None: W&B's cloud; the key stays in WANDB_API_KEY
         settings = wandb.Settings(mode=mode, console="off", x_disable_meta=True, x_disable_stats=True,
                                   x_disable_machine_info=True, disable_git=True, save_code=False,
-                                  x_save_requirements=False, disable_job_creation=True, silent=True)
+                                  x_save_requirements=False, disable_job_creation=True, silent=True, **where)
         self.run = wandb.init(project=project, entity=team, group=group, name=run_name, dir=save_dir,
                               id=resume_run_id, resume="allow" if resume_run_id else None, settings=settings,
                               reinit="create_new")

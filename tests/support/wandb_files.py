@@ -8,6 +8,7 @@ bytes of a protobuf `Record` (or part of one); a block's tail shorter than a chu
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +40,8 @@ def chunks(data: bytes) -> list[bytes]:
             pos += left
             continue
         length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        if pos + HEADER + length > len(data):  # a chunk still being written
+            break
         payload, pos = data[pos + HEADER:pos + HEADER + length], pos + HEADER + length
         if kind == 1:
             out.append(payload)
@@ -51,13 +54,26 @@ def chunks(data: bytes) -> list[bytes]:
     return out
 
 
-def read_run(path: Path) -> OfflineRun:
+def records(path: Path, timeout_s: float = 20.0) -> list:
+    """The file's records once it holds the run's exit record: W&B's service writes the file in its own process and
+    may finish after `run.finish()` has returned (seen on a loaded machine: a resumed run's file still empty)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = []
+        for raw in chunks(Path(path).read_bytes() if Path(path).exists() else b":W&B"):
+            rec = pb.Record()
+            rec.ParseFromString(raw)
+            out.append(rec)
+        if any(r.WhichOneof("record_type") == "exit" for r in out) or time.monotonic() > deadline:
+            return out
+        time.sleep(0.1)
+
+
+def read_run(path: Path) -> OfflineRun:
     run = OfflineRun(run_id="")
-    for raw in chunks(Path(path).read_bytes()):
-        rec = pb.Record()
-        rec.ParseFromString(raw)
+    for rec in records(path):
         kind = rec.WhichOneof("record_type")
         if kind == "run":
             run.run_id, run.project, run.group, run.name = (rec.run.run_id, rec.run.project, rec.run.run_group,
@@ -70,9 +86,15 @@ def read_run(path: Path) -> OfflineRun:
         elif kind == "files":
             run.files += [f.path for f in rec.files.files]
     run.config.pop("_wandb", None)
+    assert run.run_id, f"{path}: no run record (the file is missing or was never finished)"
     return run
 
 
 def offline_runs(save_dir: Path) -> list[OfflineRun]:
-    """Every offline run under a W&B directory (`<save_dir>/wandb/offline-run-*/run-*.wandb`), oldest first."""
-    return [read_run(p) for p in sorted(Path(save_dir).glob("wandb/offline-run-*/run-*.wandb"))]
+    """Every offline run under a W&B directory (`<save_dir>/wandb/offline-run-<time>-<id>[-<n>]/run-<id>.wandb`), in
+    the order they started (a second run of the same id in the same second gets the folder `...-<id>-1`)."""
+    folders = []
+    for folder in Path(save_dir).glob("wandb/offline-run-*"):
+        _, _, stamp, run_id, *n = folder.name.split("-")
+        folders.append(((stamp, int(n[0]) if n else 0), folder / f"run-{run_id}.wandb"))
+    return [read_run(path) for _, path in sorted(folders)]
