@@ -8,6 +8,7 @@ import pytest
 from slime_hydra.config.schema import LoggerConfig
 from slime_hydra.tracking import checks
 from slime_hydra.tracking.base import build_tracker
+from tests.support.runs import problems_of
 from tests.support.wandb_files import offline_runs
 
 
@@ -66,3 +67,11 @@ def test_online_needs_the_key_in_the_environment_and_offline_needs_nothing():
     assert checks.check(LoggerConfig(tracker="wandb"), {}) == []  # the default mode is offline
     assert LoggerConfig(tracker="wandb").wandb_mode == "offline"
     assert checks.check(LoggerConfig(tracker="mlflow", wandb_mode="online"), {}) == []  # not the tracker: not read
+
+
+def test_validation_refuses_an_online_run_without_its_key_and_an_unknown_mode(monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    (online,) = problems_of(["logger=wandb", "logger.wandb_mode=online"])
+    assert online.startswith("logger.wandb_mode=online") and "WANDB_API_KEY" in online
+    (mode,) = problems_of(["logger=wandb", "logger.wandb_mode=shared"])
+    assert "logger.wandb_mode" in mode and "offline" in mode
