@@ -102,8 +102,10 @@ def schema_defaults() -> dict[str, Any]:
 
 def _same(a: Any, b: Any) -> bool:
     """slime's default and ours mean the same: equal numbers, or both unset (None, an empty string, list or dict)."""
-    empty = (None, "", [], {})
-    if any(a is e or a == e for e in empty if type(a) is type(e)) and any(b is e or b == e for e in empty if type(b) is type(e)):
+    def unset(v: Any) -> bool:
+        return v is None or isinstance(v, (str, list, dict)) and not v
+
+    if unset(a) and unset(b):
         return True
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
