@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 unexport PYTHONDONTWRITEBYTECODE  # this project's own modules get their bytecode too (it goes to ignored __pycache__/)
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install run test test-fast test-all lint bench bench-rollout bench-algorithms bench-async bench-megatron bench-megatron-mix bench-sglang-gpu bench-data bench-engine-start clean golden
+.PHONY: help install run test test-fast test-all lint bench bench-rollout bench-algorithms bench-async bench-megatron bench-megatron-mix bench-sglang-gpu bench-data bench-engine-start clean golden slime-flags
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -81,6 +81,9 @@ lint: $(STAMP) ## ruff (pyflakes, import order) over the package, tests and benc
 
 golden: $(STAMP) ## rewrite tests/golden/ (every experiment's composed config) after an intended change
 	$(PY) -m tests.config.test_experiments
+
+slime-flags: $(STAMP) ## rewrite docs/slime_flags.md (slime's flags -> keys here) after a change of the schema or the flag map
+	$(PY) -m slime_hydra.app.slime_flag_map
 
 clean: ## remove run outputs (keeps .venv)
 	rm -rf outputs multirun mlruns mlruns.db bench_out

@@ -3,13 +3,15 @@
 `check(given)` derives (app/derive.py) and then only reads. A component's checks live beside it and receive only
 the groups they read: the estimator's (algorithms/checks.py, from its row of the estimator table), the model's
 (models/checks.py), each trainer's (training/checks.py, training/megatron/checks.py), each rollout engine's
-(rollout/sglang/checks.py), each cluster backend's (orchestration/checks.py), the generate hook's and the
-rewards'. This is the one place that knows which components a run uses. Nothing here imports a backend
+(rollout/sglang/checks.py), each cluster backend's (orchestration/checks.py), the generate hook's, the
+rewards' and the tracker's. This is the one place that knows which components a run uses. Nothing here imports a backend
 (megatron, sglang, ray; the memory plan, app/memory.py, asks the GPU driver for the device's memory where
 cluster.gpu_memory_gb is unset); every problem is collected, so the user sees them all at once.
 """
 
 from __future__ import annotations
+
+import os
 
 from slime_hydra.agent.hook import check_hooks
 from slime_hydra.algorithms import checks as estimator_checks
@@ -24,6 +26,7 @@ from slime_hydra.orchestration import checks as cluster_checks
 from slime_hydra.orchestration.checks import NOT_YET
 from slime_hydra.rewards import checks as reward_checks
 from slime_hydra.rollout.sglang import checks as sglang_checks
+from slime_hydra.tracking import checks as tracker_checks
 from slime_hydra.training import checks as torch_checks
 from slime_hydra.training.megatron import checks as megatron_checks
 
@@ -44,6 +47,7 @@ def check(given: RunConfig) -> tuple[RunConfig, list[str], list[str]]:
     rm_types = {"reward.rm_type": cfg.reward.rm_type}
     rm_types |= {f"eval.eval_prompt_data.{n}.rm_type": d.rm_type for n, d in eval_datasets(cfg).items()}
     problems += reward_checks.check(cfg.reward, rm_types)
+    problems += tracker_checks.check(cfg.logger, os.environ)
     if cfg.rollout.backend == "sglang":  # reads sglang's sources with ast, imports nothing
         problems += sglang_checks.check(cfg.rollout, cfg.cluster)
     problems += cluster_checks.check_local_only(cfg.cluster, cfg.data.streaming, cfg.load_debug_rollout_data,

@@ -16,7 +16,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.adam_impl": ("fused", "foreach", "for_loop"),
     "train.qkv_format": ("bshd", "thd"),
     "train_mode": ("sync", "async"),
-    "logger.tracker": ("mlflow", "tensorboard", "none"),
+    "logger.tracker": ("mlflow", "tensorboard", "wandb", "none"),
+    "logger.wandb_mode": ("offline", "online", "disabled"),
     "logger.sweep_rank_direction": ("max", "min"),
     "model.dtype": ("float32", "bfloat16", "float16", "float64"),  # float64: exactness tests on CPU
     "model.attn_implementation": ("sdpa", "eager"),

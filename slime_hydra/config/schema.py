@@ -1,8 +1,9 @@
 """Typed schemas: every default of every config key lives here, once.
 
 YAML options under conf/ attach one of these dataclasses (``defaults: [/schema/<group>@_here_]``)
-and carry only what differs. Key names follow slime's argument names so its users feel at home
-(``--rollout-batch-size`` is ``rollout.rollout_batch_size``). The allowed values of enumerated keys are in
+and carry only what differs. Where slime has a setting, its key here has slime's argument name so its users feel at
+home (``--rollout-batch-size`` is ``rollout.rollout_batch_size``); a key slime has no flag for is this project's own and
+never called slime's. docs/slime_flags.md maps every slime flag to its key here (or says why there is none). The allowed values of enumerated keys are in
 ``choices.py``; values derived from others are filled in by app/derive.py; checks live in ``checks*.py`` (and, for
 what a component reads, beside the component: app/checks.py calls them); this module only declares shapes, types
 and defaults.
@@ -367,7 +368,8 @@ class TrainConfig:
 
 @dataclass
 class WarmStartConfig:
-    """A supervised warm start (slime's loss_type=sft_loss) before RL; steps=0 disables it (and its checks)."""
+    """A supervised warm start before RL, with the SFT loss (slime has no warm-start phase: it trains SFT as a separate
+    run with --loss-type sft_loss, algorithm.loss_type=sft_loss here); steps=0 disables it (and its checks)."""
 
     steps: int = 0  # SFT steps; with target_train_accuracy, the most it may take
     lr: float = 1e-3
@@ -385,10 +387,21 @@ class WarmStartConfig:
 
 @dataclass
 class LoggerConfig:
-    tracker: str = "mlflow"  # mlflow | tensorboard | none
+    tracker: str = "mlflow"  # mlflow | tensorboard | wandb | none
     tracking_uri: str = "sqlite:///mlruns.db"
     mlflow_experiment: str = "slime_hydra"
     tensorboard_dir: str = "tensorboard"
+    # -- tracker=wandb (slime's --wandb-* flags; tracking/wandb_tracker.py) --
+    # offline: the run is written under <output_dir>/<wandb_dir> and nothing leaves the machine (`wandb sync` uploads
+    # it later) | online: sent as it runs; needs the key in the environment (WANDB_API_KEY), never in the config, which
+    # is logged and saved | disabled. slime's default is W&B's (online unless WANDB_MODE says otherwise)
+    wandb_mode: str = "offline"
+    wandb_project: str = "slime_hydra"  # slime: None (W&B's "uncategorized")
+    wandb_team: Optional[str] = None  # W&B entity; None: the key's default entity
+    wandb_group: Optional[str] = None
+    wandb_run_name: Optional[str] = None  # None: the run's name, as MLflow gets it (slime: wandb_group + a random suffix)
+    wandb_host: Optional[str] = None  # a W&B server's URL (online); None: W&B's cloud
+    wandb_dir: str = "wandb"  # under the run's output directory
     # a tracker call that fails is retried this many times (exponential backoff from tracker_retry_backoff_s), then
     # given up with a warning: the run goes on, its checkpoints written; points not logged are sent again once the
     # tracker works, and those still missing are reported at the end (tracking/retrying.py)
@@ -404,7 +417,8 @@ class LoggerConfig:
 
 @dataclass
 class ClusterConfig:
-    """slime's resource keys; one process on CPU by default.
+    """slime's resource keys (actor_*, rollout_num_gpus*, colocate, offload_*) and this project's own (backend, address,
+    the memory plan, timeouts, device); one process on CPU by default.
 
     With backend=ray the keys lay out one placement group: one bundle per GPU, the actor slice
     (actor_num_nodes × actor_num_gpus_per_node, one data-parallel train rank each) then the rollout
@@ -469,7 +483,9 @@ class RunConfig:
     # sync: generate rollout k, then train on it. async (slime's train_async.py): generation of rollout k+1
     # runs while training on rollout k (slime_hydra/engine/feeds.py: AheadGenerator)
     train_mode: str = "sync"
-    async_buffer_size: int = 1  # async: rollouts that may be generated ahead of training (their staleness bound)
+    # async: rollouts that may be generated ahead of training (their staleness bound). This project's key: slime's
+    # train_async.py always generates one ahead (1)
+    async_buffer_size: int = 1
     # async: seconds one rollout generated ahead may take from the start of its generation before the run stops (exit 3)
     # naming it; the trainer's waits on the generation worker (engine/feeds.py) have no other deadline
     async_rollout_timeout_s: float = 3600.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from slime_hydra.config.schema import LoggerConfig
 from slime_hydra.protocols import Tracker
 from slime_hydra.tracking.retrying import RetryingTracker
@@ -39,11 +41,14 @@ def build_tracker(cfg: LoggerConfig, run_name: str, output_dir: str, resume_run_
         inner: Tracker = MLflowTracker(cfg.tracking_uri, cfg.mlflow_experiment, run_name, resume_run_id, parent_run_id,
                                        cfg.tracker_timeout_s)
     elif cfg.tracker == "tensorboard":
-        import os
-
         from slime_hydra.tracking.tensorboard_tracker import TensorBoardTracker
 
         inner = TensorBoardTracker(os.path.join(output_dir, cfg.tensorboard_dir))
+    elif cfg.tracker == "wandb":
+        from slime_hydra.tracking.wandb_tracker import WandbTracker
+
+        inner = WandbTracker(cfg.wandb_project, cfg.wandb_run_name or run_name, os.path.join(output_dir, cfg.wandb_dir),
+                             cfg.wandb_mode, cfg.wandb_team, cfg.wandb_group, cfg.wandb_host, resume_run_id)
     else:
         return NullTracker()
     return RetryingTracker(inner, cfg.tracker_retries, cfg.tracker_retry_backoff_s)

@@ -19,6 +19,7 @@ from slime_hydra.rollout.sglang.sources import LocalTensors, Sender
 from slime_hydra.tracking.base import NullTracker
 from slime_hydra.tracking.mlflow_tracker import MLflowTracker
 from slime_hydra.tracking.tensorboard_tracker import TensorBoardTracker
+from slime_hydra.tracking.wandb_tracker import WandbTracker
 from slime_hydra.training.collectives import Collectives, OneProcess
 from slime_hydra.training.distributed import DataParallel
 from slime_hydra.training.megatron.trainer import MegatronTrainBackend
@@ -66,10 +67,11 @@ def collectives(one: OneProcess, data_parallel: DataParallel) -> None:
     c = data_parallel
 
 
-def trackers(mlflow: MLflowTracker, tensorboard: TensorBoardTracker, null: NullTracker) -> None:
+def trackers(mlflow: MLflowTracker, tensorboard: TensorBoardTracker, wandb: WandbTracker, null: NullTracker) -> None:
     k: Tracker
     k = mlflow
     k = tensorboard
+    k = wandb
     k = null
 
 
