@@ -294,8 +294,9 @@ class EvalConfig:
     eval_top_k: Optional[int] = None
     eval_max_response_len: Optional[int] = None
     save_eval_samples: bool = True  # <output_dir>/eval/<name>/step_<k>.jsonl, logged as artifacts
-    # slime's --eval-function-path: async fn(rollout_id, rollout, prompts, n_samples, sampling, **kwargs) -> list[Sample],
-    # n_samples per prompt in prompt order, generated its own way with the rollout backend; scoring and metrics stay
+    # slime's --eval-function-path: async fn(step, rollout, prompts, n_samples, sampling, **kwargs) -> list[Sample],
+    # n_samples per prompt in prompt order, generated its own way with the rollout backend (step: the tracker's, 0 before
+    # training); the eval set's scoring and metrics stay
     eval_function: dict[str, Any] = field(default_factory=dict)  # empty: each prompt sampled n times
 
 
@@ -443,7 +444,7 @@ class LoggerConfig:
     # slime's --custom-rollout-log-function-path: fn(rollout_id, samples, metrics, rollout_time, **kwargs) -> True (leave
     # the rollout/* metrics out) | a dict (more metrics, logged with the step's) | None
     custom_rollout_log_function: dict[str, Any] = field(default_factory=dict)
-    # slime's --custom-eval-rollout-log-function-path: fn(rollout_id, samples: {set: list[Sample]}, metrics, **kwargs)
+    # slime's --custom-eval-rollout-log-function-path: fn(step, samples: {set: list[Sample]}, metrics, **kwargs)
     # -> True (leave the eval/* metrics out) | a dict (more metrics) | None
     custom_eval_rollout_log_function: dict[str, Any] = field(default_factory=dict)
     # A multirun's summary (tracking/sweep.py) ranks its jobs by this metric's last value and tags the best on the
