@@ -3,6 +3,7 @@ docs/customization_rest.md: tests/docs/test_customization_rest.py checks that th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -11,7 +12,6 @@ import torch
 
 from slime_hydra.data.dataset import Prompt
 from slime_hydra.data.source import prompt_group
-from slime_hydra.types import SamplingParams
 
 
 def rejection_tis(pg_loss, old_log_probs, rollout_log_probs, mask, max_ratio=2.0):
@@ -79,8 +79,7 @@ class AdditionSource:
 async def greedy_eval(step, rollout, prompts, n_samples, sampling):
     """Eval samples decoded greedily (top_k=1): a prompt's n samples are one answer n times."""
     samples = [s for i, p in enumerate(prompts) for s in prompt_group(p, i, n_samples)]
-    greedy = SamplingParams(1.0, 1.0, 1, sampling.max_new_tokens, sampling.stop_token_ids, sampling.stop)
-    return await rollout.generate(samples, greedy)
+    return await rollout.generate(samples, dataclasses.replace(sampling, top_k=1))
 
 
 def record_init(path):
