@@ -107,6 +107,17 @@ def generate_groups(rollout: RolloutBackend, prompts: list[Prompt], n: int, samp
     return samples
 
 
+def eval_samples(rollout: RolloutBackend, name: str, es: EvalSet, step: int, generate: Optional[EvalFunction]) -> list[Sample]:
+    """An eval set's n samples per prompt, in prompt order: sampled, or eval.eval_function's."""
+    if generate is None:
+        return generate_groups(rollout, es.prompts, es.n_samples, es.sampling)
+    samples = run_sync(generate(step, rollout, es.prompts, es.n_samples, es.sampling))
+    if len(samples) != es.n_samples * len(es.prompts):
+        raise ValueError(f"eval.eval_function returned {len(samples)} samples for eval set {name}; it must return "
+                         f"n_samples={es.n_samples} per prompt for its {len(es.prompts)} prompts, in prompt order")
+    return samples
+
+
 def evaluate(rollout: RolloutBackend, eval_sets: dict[str, EvalSet], step: int, sample_dir: Optional[Path] = None, *,
              generate: Optional[EvalFunction] = None, log: Optional[LogFunction] = None) -> tuple[dict[str, float], list[Path]]:
     """Metrics per dataset (accuracy = mean reward, pass@k, response length) and the sample files written. generate:
@@ -117,14 +128,7 @@ def evaluate(rollout: RolloutBackend, eval_sets: dict[str, EvalSet], step: int, 
     for name, es in eval_sets.items():
         t0 = time.perf_counter()
         n = es.n_samples
-        if generate is None:
-            samples = generate_groups(rollout, es.prompts, n, es.sampling)
-        else:
-            samples = run_sync(generate(step, rollout, es.prompts, n, es.sampling))
-            if len(samples) != n * len(es.prompts):
-                raise ValueError(f"eval.eval_function returned {len(samples)} samples for eval set {name}; it must return "
-                                 f"n_samples={n} per prompt for its {len(es.prompts)} prompts, in prompt order")
-        by_set[name] = samples
+        samples = by_set[name] = eval_samples(rollout, name, es, step, generate)
         es.scorer.score(samples)
         correct = [sum(s.reward > 0 for s in samples[i * n:(i + 1) * n]) for i in range(len(es.prompts))]
         metrics[f"eval/{name}/accuracy"] = sum(s.reward for s in samples) / len(samples)
