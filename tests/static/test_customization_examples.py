@@ -17,7 +17,10 @@ BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 
 
 def test_every_python_example_is_a_tested_plug_ins_source():
-    blocks = BLOCK.findall(DOC.read_text())
+    """The first block is the plug-ins' imports, as their module has them; each other block one plug-in's source."""
+    imports, *blocks = BLOCK.findall(DOC.read_text())
+    source = inspect.getsource(examples)
+    assert "\n" + imports + "\n" in source and all(isinstance(s, (ast.Import, ast.ImportFrom)) for s in ast.parse(imports).body)
     names = [ast.parse(b).body[0].name for b in blocks]
     assert len(names) == len(set(names)) == 11, names
     for name, block in zip(names, blocks):
