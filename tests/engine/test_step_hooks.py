@@ -77,7 +77,8 @@ def test_a_data_source_serves_its_own_prompts_and_resumes_from_its_state():
     indexed by the groups served; a copy loaded from its state_dict serves what the original serves next."""
     from slime_hydra.app.inputs import build_source, prepare
 
-    cfg = compose_run(["++data.data_source._target_=tests.support.step_hooks.AdditionSource", "warmstart.steps=0"])
+    cfg = compose_run(["++data.data_source._target_=tests.support.step_hooks.AdditionSource", "warmstart.steps=0",
+                       "rollout.n_samples_per_prompt=4"])
     inputs = prepare(cfg)
     source = build_source(cfg, inputs.tokenizer, inputs.train_prompts)
     first = source.next_groups(3)
