@@ -74,6 +74,14 @@ def plugin_surrogate(
     return fn(log_probs, old_log_probs, advantages, mask), torch.zeros_like(log_probs), old_log_probs - log_probs
 
 
+def truncated_is(pg_loss: Tensor, old_log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor, *, tis_clip_low: float,
+                 tis_clip: float) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """slime's vanilla TIS in the shape of algorithm.custom_tis_function: (pg_loss × w, the mask unchanged,
+    {"tis_clipfrac": [N, T]})."""
+    w, clipfrac = tis_weights(old_log_probs, rollout_log_probs, tis_clip_low, tis_clip)
+    return pg_loss * w, mask, {"tis_clipfrac": clipfrac}
+
+
 def tis_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, tis_clip_low: float, tis_clip: float) -> tuple[Tensor, Tensor]:
     """Truncated importance sampling (Yao et al. 2025, slime's vanilla_tis_function).
 

@@ -26,22 +26,29 @@ from slime_hydra.training.specs import (
     CriticSpec,
     LossSpec,
     OptimSpec,
+    RankHooks,
     Surrogate,
 )
 
 
 def algorithm_specs(a: AlgorithmConfig, train: TrainConfig, total_steps: int,
-                    max_response_len: Optional[int] = None) -> AlgorithmSpecs:
+                    max_response_len: Optional[int] = None, reward_post_process: Optional[dict] = None) -> AlgorithmSpecs:
     """All specs of one run; total_steps = num_rollout × train.num_steps_per_rollout (the lr schedule's horizon),
-    max_response_len = rollout.rollout_max_response_len (seq_mean_token_sum_norm's normalizer)."""
+    max_response_len = rollout.rollout_max_response_len (seq_mean_token_sum_norm's normalizer), reward_post_process =
+    reward.custom_reward_post_process (the advantage step's)."""
     return AlgorithmSpecs(loss_spec(a, max_response_len), optim_spec(train, total_steps), batch_spec(train),
-                          critic_spec(a, train, total_steps), advantage_spec(a))
+                          critic_spec(a, train, total_steps), advantage_spec(a, reward_post_process), rank_hooks(train))
+
+
+def rank_hooks(t: TrainConfig) -> RankHooks:
+    return RankHooks(init=load_target(t.custom_megatron_init), before_log_prob=load_target(t.custom_megatron_before_log_prob_hook),
+                     before_train_step=load_target(t.custom_megatron_before_train_step_hook))
 
 
 def run_specs(cfg: RunConfig) -> AlgorithmSpecs:
     """The specs of a validated run (its batch identity resolved: train.num_steps_per_rollout is set)."""
     return algorithm_specs(cfg.algorithm, cfg.train, cfg.num_rollout * cfg.train.num_steps_per_rollout,
-                           cfg.rollout.rollout_max_response_len)
+                           cfg.rollout.rollout_max_response_len, cfg.reward.custom_reward_post_process)
 
 
 def surrogate(a: AlgorithmConfig) -> Surrogate:
@@ -63,9 +70,16 @@ def loss_spec(a: AlgorithmConfig, max_response_len: Optional[int] = None) -> Los
         objective=OBJECTIVES[a.loss_type], surrogate=surrogate(a), loss_aggregation=a.loss_aggregation, max_response_len=max_response_len,
         entropy_coef=a.entropy_coef, use_kl_loss=a.use_kl_loss, kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type,
         use_unbiased_kl=a.use_unbiased_kl,
-        tis=partial(S.tis_weights, tis_clip_low=a.tis_clip_low, tis_clip=a.tis_clip) if a.use_tis else None,
+        tis=tis_correction(a), pg_loss_reducer=load_target(a.custom_pg_loss_reducer_function),
         use_rollout_logprobs=a.use_rollout_logprobs, keep_reference=a.use_kl_loss or a.kl_coef != 0,
         ref_update_interval=a.ref_update_interval)
+
+
+def tis_correction(a: AlgorithmConfig):
+    """use_tis: algorithm.custom_tis_function, else slime's vanilla TIS with its clip band bound."""
+    if not a.use_tis:
+        return None
+    return load_target(a.custom_tis_function) or partial(S.truncated_is, tis_clip_low=a.tis_clip_low, tis_clip=a.tis_clip)
 
 
 def optim_spec(t: TrainConfig, total_steps: int) -> OptimSpec:
@@ -94,14 +108,15 @@ def critic_spec(a: AlgorithmConfig, t: TrainConfig, total_steps: int) -> Optiona
     return CriticSpec(optim=optim, value_clip=a.value_clip, num_critic_only_steps=a.num_critic_only_steps)
 
 
-def advantage_spec(a: AlgorithmConfig) -> AdvantageSpec:
+def advantage_spec(a: AlgorithmConfig, reward_post_process: Optional[dict] = None) -> AdvantageSpec:
     """The row's advantage function with its keys bound (whitened with normalize_advantages), or a critic
     estimator's GAE over the critic's values (which whitens itself)."""
-    row, shaping_kl = ESTIMATORS[a.advantage_estimator], a.kl_coef != 0
+    row, shaping_kl, post = ESTIMATORS[a.advantage_estimator], a.kl_coef != 0, load_target(reward_post_process)
     if row.critic:
-        return AdvantageSpec(estimate=None, gae=bind(row.advantage, row.advantage_keys, a), shaping_kl=shaping_kl)
+        return AdvantageSpec(estimate=None, gae=bind(row.advantage, row.advantage_keys, a), shaping_kl=shaping_kl,
+                             reward_post_process=post)
     custom = load_target(a.custom_advantage)
     est = partial(A.plugin_estimator, fn=custom) if custom is not None else bind(row.advantage, row.advantage_keys, a)
     if a.normalize_advantages:
         est = partial(A.whitened, estimator=est)
-    return AdvantageSpec(estimate=est, gae=None, shaping_kl=shaping_kl)
+    return AdvantageSpec(estimate=est, gae=None, shaping_kl=shaping_kl, reward_post_process=post)

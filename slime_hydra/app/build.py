@@ -16,6 +16,7 @@ from slime_hydra.app.algorithm import run_specs
 from slime_hydra.app.build_ray import build_ray
 from slime_hydra.app.debug_split import open_replay
 from slime_hydra.app.inputs import assemble, build_source, make_tracker, prepare
+from slime_hydra.app.plugins import load_target
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.data.rollout_dump import ReplayBuffer
 from slime_hydra.engine.components import Components, restore
@@ -55,7 +56,8 @@ def build_rollout(cfg: RunConfig, model: torch.nn.Module, tokenizer, output_dir:
         return SGLangRollout(cfg.rollout, model, tokenizer, num_engines=num_engines(c), tp_size=c.rollout_num_gpus_per_engine,
                              seed=cfg.seed, dtype=cfg.model.dtype, output_dir=output_dir, colocate=c.colocate,
                              offload=offload, device=pick_device(c.device).type, keep_on_host=released,
-                             starting=partial(trainer_released, trainer, released))
+                             starting=partial(trainer_released, trainer, released),
+                             post_write=load_target(cfg.rollout.custom_update_weight_post_write))
     return LocalRollout(model, tokenizer, seed=cfg.seed, generation_batch_size=cfg.rollout.generation_batch_size,
                         model_impl=cfg.model.model_impl)
 

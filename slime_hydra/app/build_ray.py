@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 from slime_hydra.app.algorithm import run_specs
 from slime_hydra.app.inputs import assemble, build_source, make_tracker, prepare
+from slime_hydra.app.plugins import load_target
 from slime_hydra.config.schema import RunConfig
 from slime_hydra.engine.checkpoint import resume_hint
 from slime_hydra.engine.components import Components, restore
@@ -57,6 +58,8 @@ def build_ray(cfg: RunConfig, output_dir: str, parent_run_id: Optional[str] = No
             manager, source = start_rollout_manager(pg, layout, inputs.model, inputs.train_prompts, cfg.rollout, cfg.seed,
                                                     cfg.cluster.num_threads, calls, on_shutdown=teardown)
             rollout = manager
+            if cfg.data.data_source:  # the user's source serves from the driver (slime's lives in its rollout manager)
+                source = build_source(cfg, inputs.tokenizer, inputs.train_prompts)
         comps = assemble(cfg, inputs, source, trainer, rollout, tracker, specs.advantage, output_dir)
         if cfg.stall_watchdog:  # a stall dumps every actor's stacks too, beside the driver's
             where = str((Path(output_dir) / "actor_stacks").resolve())  # the actors' working directory is not ours
@@ -106,4 +109,4 @@ def sglang_rollout(cfg: RunConfig, pg, layout, trainer, tokenizer, calls, output
                             output_dir=output_dir, colocate=c.colocate, offload=offload,
                             device="cuda" if layout.use_gpu else "cpu", launcher=RayLauncher(pg, layout, calls),
                             on_shutdown=on_shutdown, starting=functools.partial(trainer_released, trainer, released),
-                            keep_on_host=released)
+                            keep_on_host=released, post_write=load_target(cfg.rollout.custom_update_weight_post_write))

@@ -16,6 +16,7 @@ from slime_hydra.agent.hook import wrap_rollout
 from slime_hydra.app.debug_split import check_resume, is_rollout_only, rollout_dump_meta
 from slime_hydra.app.derive import model_context
 from slime_hydra.app.plugins import load_hook, load_target, reward_scorer
+from slime_hydra.config.checks_hooks import SOURCE_METHODS
 from slime_hydra.config.datafiles import eval_datasets, resolve
 from slime_hydra.config.schema import ModelConfig, RunConfig
 from slime_hydra.data.buffer import DataBuffer
@@ -73,10 +74,22 @@ def stream_files(cfg: RunConfig, tokenizer) -> tuple[list, Prep]:
 def build_source(cfg: RunConfig, tokenizer, train_prompts: list[Prompt]) -> PromptSource:
     """The prompt source: over the loaded prompts, or (data.streaming) over the files, read as needed."""
     r, d = cfg.rollout, cfg.data
+    if d.data_source:  # slime's --data-source-path: the user's source, given the loaded prompts
+        return custom_source(d.data_source, train_prompts, tokenizer, r.n_samples_per_prompt, r.rollout_seed)
     if not d.streaming:
         return InMemorySource(train_prompts, r.n_samples_per_prompt, r.rollout_shuffle, r.rollout_seed)
     return streaming_source(*stream_files(cfg, tokenizer), r.n_samples_per_prompt, r.rollout_shuffle, r.rollout_seed,
                             d.shuffle_buffer_size, d.on_bad_row, d.num_workers, d.worker_timeout_s)
+
+
+def custom_source(node: dict, prompts: list[Prompt], tokenizer, n_samples_per_prompt: int, seed: int) -> PromptSource:
+    """data.data_source built; an object without a prompt source's methods (a factory's) is refused by name."""
+    source = load_target(node)(prompts, tokenizer, n_samples_per_prompt, seed)
+    missing = [m for m in SOURCE_METHODS if not callable(getattr(source, m, None))]
+    if missing:
+        raise DataError(f"data.data_source._target_={node['_target_']} built a {type(source).__name__} without "
+                        f"{', '.join(missing)}: a prompt source has {', '.join(SOURCE_METHODS)} (protocols.PromptSource)")
+    return source
 
 
 def eval_max_prompt_len(cfg: RunConfig, eval_max_response_len: int) -> Optional[int]:
@@ -135,4 +148,7 @@ def assemble(cfg: RunConfig, inputs: Inputs, source, trainer: TrainBackend, roll
     return Components(inputs.tokenizer, inputs.train_prompts, inputs.eval_sets, source, trainer, rollout,
                       reward_scorer(cfg.reward), tracker, inputs.sampling, advantage, output_dir=output_dir,
                       resumed_from=inputs.resume, buffer=buffer,
-                      rollout_dump_meta=rollout_dump_meta(cfg, inputs.tokenizer))
+                      rollout_dump_meta=rollout_dump_meta(cfg, inputs.tokenizer),
+                      eval_function=load_target(cfg.eval.eval_function),
+                      rollout_log=load_target(cfg.logger.custom_rollout_log_function),
+                      eval_log=load_target(cfg.logger.custom_eval_rollout_log_function))

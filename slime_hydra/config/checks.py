@@ -18,6 +18,7 @@ from slime_hydra.config.checks_batch import check_batch, check_microbatch
 from slime_hydra.config.checks_buffer import check_buffer, check_num_epoch
 from slime_hydra.config.checks_data import check_data
 from slime_hydra.config.checks_debug import check_debug
+from slime_hydra.config.checks_hooks import check_step_hooks
 from slime_hydra.config.choices import CHOICES
 from slime_hydra.config.plugins import check_target
 from slime_hydra.config.schema import RunConfig
@@ -45,6 +46,7 @@ def check(cfg: RunConfig, given_num_rollout: Optional[int]) -> tuple[list[str], 
     check_buffer(cfg, problems)
     check_data(cfg, problems)
     check_target("reward.custom_rm", cfg.reward.custom_rm, 1, problems)
+    check_step_hooks(cfg, problems)
     check_agent(cfg, problems)
     check_stall_watchdog(cfg, problems)
     check_cluster(cfg, problems)

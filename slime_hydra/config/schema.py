@@ -130,6 +130,14 @@ class AlgorithmConfig:
     # mask [n, T], **kwargs) -> per-token loss [n, T]; replaces the policy surrogate (TIS, entropy, KL loss
     # and loss_aggregation still apply)
     custom_loss: dict[str, Any] = field(default_factory=dict)  # empty: none
+    # slime's --custom-tis-function-path, with use_tis=true: fn(pg_loss [n, T], old_log_probs [n, T],
+    # rollout_log_probs [n, T], mask [n, T], **kwargs) -> (pg_loss [n, T], mask [n, T], {name: [n, T]} metrics);
+    # replaces the truncated importance weights (tis_clip*). Tokens its mask drops leave the loss's numerator only
+    custom_tis_function: dict[str, Any] = field(default_factory=dict)  # empty: none
+    # slime's --custom-pg-loss-reducer-function-path: fn(pg_loss [n, T], mask [n, T], denom, **kwargs) -> scalar, the
+    # policy-gradient term of one micro-batch (denom: the step's loss_aggregation denominator); the entropy and KL
+    # terms and the metrics keep loss_aggregation
+    custom_pg_loss_reducer_function: dict[str, Any] = field(default_factory=dict)  # empty: loss_aggregation
 
 
 @dataclass
@@ -190,6 +198,10 @@ class RolloutConfig:
     # (metadata.custom_generate: "<name>"; verl's agent_name). A row names code only through this registry, filled
     # from the config; a row naming anything else (a dotted path, an unknown name) is a bad row (data.on_bad_row).
     generate_hooks: dict[str, Any] = field(default_factory=dict)
+    # slime's --custom-update-weight-post-write-path, with weight_sync=disk: fn(version_dir: str, version: int,
+    # **kwargs), called once the weights' files are written and before any engine reads them (publish them on a
+    # shared file system)
+    custom_update_weight_post_write: dict[str, Any] = field(default_factory=dict)  # empty: none
     max_turns: int = 1  # model turns per sample of a multi-turn generate (slime has no such flag: its agents count their own)
     # -- backend=sglang (slime_hydra/rollout/sglang/): engines = cluster.rollout_num_gpus / rollout_num_gpus_per_engine --
     # SGLang ServerArgs pass-through (slime's --sglang-<flag>), e.g. {mem_fraction_static: 0.8, context_length: 8192};
@@ -242,6 +254,10 @@ class DataConfig:
     # through a buffer of shuffle_buffer_size prompts per epoch; num_workers processes read, check, template
     # and tokenize ahead of the rollout (0: in the driver); a worker silent for worker_timeout_s is an error.
     streaming: bool = False
+    # slime's --data-source-path: fn(prompts, tokenizer, n_samples_per_prompt, seed, **kwargs) -> a prompt source
+    # (next_groups, metrics, state_dict, load_state_dict: protocols.PromptSource), e.g. a class; serves the rollouts'
+    # prompt groups in place of prompt_data's (still loaded for the warm start), its state_dict saved in every checkpoint
+    data_source: dict[str, Any] = field(default_factory=dict)  # empty: prompt_data in order (data/source.py)
     shuffle_buffer_size: int = 10_000
     num_workers: int = 0
     worker_timeout_s: float = 120.0
@@ -278,6 +294,10 @@ class EvalConfig:
     eval_top_k: Optional[int] = None
     eval_max_response_len: Optional[int] = None
     save_eval_samples: bool = True  # <output_dir>/eval/<name>/step_<k>.jsonl, logged as artifacts
+    # slime's --eval-function-path: async fn(step, rollout, prompts, n_samples, sampling, **kwargs) -> list[Sample],
+    # n_samples per prompt in prompt order, generated its own way with the rollout backend (step: the tracker's, 0 before
+    # training); the eval set's scoring and metrics stay
+    eval_function: dict[str, Any] = field(default_factory=dict)  # empty: each prompt sampled n times
 
 
 @dataclass
@@ -289,6 +309,9 @@ class RewardConfig:
     # A custom reward: {"_target_": "pkg.module.fn", **kwargs}; fn(sample, **kwargs) -> float | dict,
     # or with group_rm=true fn(samples, **kwargs) -> list; sync or async
     custom_rm: dict[str, Any] = field(default_factory=dict)  # empty: none
+    # slime's --custom-reward-post-process-path: fn(samples, group_size, **kwargs) -> list[float], the rewards the
+    # advantage estimator receives (one per sample; sample.reward, logged as rollout/reward_mean, stays the raw one)
+    custom_reward_post_process: dict[str, Any] = field(default_factory=dict)  # empty: the raw rewards
     group_rm: bool = False
     rm_url: Optional[str] = None  # remote_rm: POST {prompt, response, label} -> float | dict; http:// or https://
     # remote_rm: HTTP header -> the environment variable holding its value, e.g. {Authorization: RM_AUTH} sends the
@@ -364,6 +387,15 @@ class TrainConfig:
     # (training/megatron/checks.py)
     qkv_format: str = "bshd"
     megatron: MegatronConfig = field(default_factory=MegatronConfig)  # read by train.backend=megatron only
+    # slime's megatron hooks (train.backend=megatron; each runs on every train rank). --custom-megatron-init-path:
+    # fn(**kwargs) once megatron's process groups exist, before the models are built
+    custom_megatron_init: dict[str, Any] = field(default_factory=dict)
+    # --custom-megatron-before-log-prob-hook-path: fn(model: list[Module], store_prefix: str, **kwargs) before each
+    # forward-only log-prob pass ("": the policy's old log-probs, "ref_": the KL reference's)
+    custom_megatron_before_log_prob_hook: dict[str, Any] = field(default_factory=dict)
+    # --custom-megatron-before-train-step-hook-path: fn(rollout_id, step_id, model: list[Module], optimizer, **kwargs)
+    # before each optimizer step of the policy (step_id: the step's index within its rollout)
+    custom_megatron_before_train_step_hook: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -409,6 +441,12 @@ class LoggerConfig:
     tracker_retry_backoff_s: float = 1.0
     tracker_timeout_s: float = 10.0  # seconds one request to an MLflow tracking server may take (http(s) URIs)
     progress_bar: bool = True
+    # slime's --custom-rollout-log-function-path: fn(rollout_id, samples, metrics, rollout_time, **kwargs) -> True (leave
+    # the rollout/* metrics out) | a dict (more metrics, logged with the step's) | None
+    custom_rollout_log_function: dict[str, Any] = field(default_factory=dict)
+    # slime's --custom-eval-rollout-log-function-path: fn(step, samples: {set: list[Sample]}, metrics, **kwargs)
+    # -> True (leave the eval/* metrics out) | a dict (more metrics) | None
+    custom_eval_rollout_log_function: dict[str, Any] = field(default_factory=dict)
     # A multirun's summary (tracking/sweep.py) ranks its jobs by this metric's last value and tags the best on the
     # parent run. None: the first eval/<set>/accuracy the jobs reported (by name), else rollout/reward_mean.
     sweep_rank_metric: Optional[str] = None

@@ -16,7 +16,7 @@ import torch
 
 from slime_hydra.data.buffer import DataBuffer
 from slime_hydra.data.dataset import Prompt
-from slime_hydra.engine.steps import EvalSet
+from slime_hydra.engine.steps import EvalFunction, EvalSet, LogFunction
 from slime_hydra.protocols import PromptSource, RolloutBackend, Scorer, Tracker, TrainBackend
 from slime_hydra.training.specs import AdvantageSpec
 from slime_hydra.types import SamplingParams
@@ -47,6 +47,9 @@ class Components:
     state: LoopState = field(default_factory=LoopState)
     rollout_dump_meta: dict = field(default_factory=dict)  # the header of save_debug_rollout_data's files
     more_stacks: Optional[Callable[[], str]] = None  # cluster.backend=ray: every actor's stacks, for the stall watchdog
+    eval_function: Optional[EvalFunction] = None  # eval.eval_function; None: each eval prompt sampled n times
+    rollout_log: Optional[LogFunction] = None  # logger.custom_rollout_log_function
+    eval_log: Optional[LogFunction] = None  # logger.custom_eval_rollout_log_function
 
     def __post_init__(self):
         if self.buffer is None:

@@ -19,7 +19,7 @@ from slime_hydra.engine.components import Components, engine_state
 from slime_hydra.engine.feeds import AheadGenerator, RolloutFeed, SyncFeed
 from slime_hydra.engine.offload import trainer_released
 from slime_hydra.engine.report import Progress
-from slime_hydra.engine.steps import advantages, evaluate, rollout_metrics
+from slime_hydra.engine.steps import advantages, evaluate, logged, rollout_metrics
 from slime_hydra.engine.warmstart import WarmStart, run_warm_start
 
 
@@ -73,6 +73,8 @@ def run(settings: LoopSettings, c: Components, save_dir: str,
             # the backend's figures (sync requests, retries), the step's timings, the feed's (async: wait, generation rate)
             metrics |= c.rollout.metrics() | perf_metrics(samples, t0, t1, t2, t3, t4) | feed.metrics(got, t1 - t0)
             metrics |= c.source.metrics() | offload  # streamed data: bad rows skipped so far; the trainer's release
+            if c.rollout_log is not None:  # logger.custom_rollout_log_function
+                metrics = logged(c.rollout_log(rollout_id, samples, dict(metrics), t1 - t0), metrics, "rollout/")
             if settings.save_debug_rollout_data:
                 write_rollout_data(settings.save_debug_rollout_data, rollout_id, got, c.rollout_dump_meta)
             if due(step, settings.eval_interval, settings.num_rollout) and c.eval_sets:  # eval, on the latest weights
@@ -128,7 +130,7 @@ def prepare(settings: LoopSettings, c: Components) -> None:
 def run_eval(settings: LoopSettings, c: Components, step: int) -> dict[str, float]:
     sample_dir = Path(c.output_dir) / "eval" if settings.save_eval_samples else None
     with trainer_released(c.trainer, settings.offload_train):
-        metrics, files = evaluate(c.rollout, c.eval_sets, step, sample_dir)
+        metrics, files = evaluate(c.rollout, c.eval_sets, step, sample_dir, generate=c.eval_function, log=c.eval_log)
     for f in files:
         c.tracker.log_artifact(str(f), f"eval/{f.parent.name}")
     return metrics

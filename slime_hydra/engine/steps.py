@@ -7,7 +7,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Awaitable, Callable, Optional
 
 import torch
 
@@ -39,7 +39,9 @@ def advantages(samples: list[Sample], spec: AdvantageSpec, group_size: int, pad_
     reward-shaping KL comes from the trainer (policy vs reference) only with spec.shaping_kl, and a
     critic estimator's values from the trainer's critic (batch.values and batch.returns are its targets)."""
     batch = collate(samples, torch.zeros(len(samples)), pad_id)
-    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+    # reward.custom_reward_post_process: the rewards the estimator reads; the samples keep theirs (rollout/reward_mean)
+    raw = spec.reward_post_process(samples, group_size) if spec.reward_post_process else [s.reward for s in samples]
+    rewards = torch.tensor(raw, dtype=torch.float32)
     kl = trainer.reward_kl(batch) if spec.shaping_kl else None
     if spec.gae is not None:
         batch.values = trainer.values(batch)  # [N, T] the critic's, at rollout time
@@ -81,6 +83,23 @@ def eval_ks(n: int) -> list[int]:
     return sorted({k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= n} | {n})
 
 
+# eval.eval_function: async fn(step, rollout, prompts, n_samples, sampling) -> n_samples per prompt, in prompt order
+EvalFunction = Callable[[int, RolloutBackend, list[Prompt], int, SamplingParams], Awaitable[list[Sample]]]
+# logger.custom_rollout_log_function (rollout_id, samples, metrics, rollout_time) and logger.custom_eval_rollout_log_function
+# (step, {set: samples}, metrics): True | {name: value} | None
+LogFunction = Callable[..., Any]
+
+
+def logged(answer: Any, metrics: dict[str, float], prefix: str) -> dict[str, float]:
+    """The step's metrics after a log function's answer: True leaves out the `prefix` ones (slime's "skip the default
+    logging"), a dict adds its own, anything else changes nothing."""
+    if answer is True:
+        return {k: v for k, v in metrics.items() if not k.startswith(prefix)}
+    if isinstance(answer, dict):
+        return metrics | {str(k): float(v) for k, v in answer.items()}
+    return metrics
+
+
 def generate_groups(rollout: RolloutBackend, prompts: list[Prompt], n: int, sampling: SamplingParams) -> list[Sample]:
     """`n` fresh samples of each prompt (group i = prompts[i]), generated."""
     samples = [s for i, p in enumerate(prompts) for s in prompt_group(p, i, n)]
@@ -88,15 +107,28 @@ def generate_groups(rollout: RolloutBackend, prompts: list[Prompt], n: int, samp
     return samples
 
 
-def evaluate(rollout: RolloutBackend, eval_sets: dict[str, EvalSet], step: int,
-             sample_dir: Optional[Path] = None) -> tuple[dict[str, float], list[Path]]:
-    """Metrics per dataset (accuracy = mean reward, pass@k, response length) and the sample files written."""
+def eval_samples(rollout: RolloutBackend, name: str, es: EvalSet, step: int, generate: Optional[EvalFunction]) -> list[Sample]:
+    """An eval set's n samples per prompt, in prompt order: sampled, or eval.eval_function's."""
+    if generate is None:
+        return generate_groups(rollout, es.prompts, es.n_samples, es.sampling)
+    samples = run_sync(generate(step, rollout, es.prompts, es.n_samples, es.sampling))
+    if len(samples) != es.n_samples * len(es.prompts):
+        raise ValueError(f"eval.eval_function returned {len(samples)} samples for eval set {name}; it must return "
+                         f"n_samples={es.n_samples} per prompt for its {len(es.prompts)} prompts, in prompt order")
+    return samples
+
+
+def evaluate(rollout: RolloutBackend, eval_sets: dict[str, EvalSet], step: int, sample_dir: Optional[Path] = None, *,
+             generate: Optional[EvalFunction] = None, log: Optional[LogFunction] = None) -> tuple[dict[str, float], list[Path]]:
+    """Metrics per dataset (accuracy = mean reward, pass@k, response length) and the sample files written. generate:
+    eval.eval_function in place of sampling each prompt n times; log: logger.custom_eval_rollout_log_function."""
     metrics: dict[str, float] = {}
     files: list[Path] = []
+    by_set: dict[str, list[Sample]] = {}
     for name, es in eval_sets.items():
         t0 = time.perf_counter()
         n = es.n_samples
-        samples = generate_groups(rollout, es.prompts, n, es.sampling)
+        samples = by_set[name] = eval_samples(rollout, name, es, step, generate)
         es.scorer.score(samples)
         correct = [sum(s.reward > 0 for s in samples[i * n:(i + 1) * n]) for i in range(len(es.prompts))]
         metrics[f"eval/{name}/accuracy"] = sum(s.reward for s in samples) / len(samples)
@@ -107,7 +139,7 @@ def evaluate(rollout: RolloutBackend, eval_sets: dict[str, EvalSet], step: int,
         metrics[f"perf/eval_{name}_time_s"] = time.perf_counter() - t0
         if sample_dir is not None:
             files.append(write_samples(samples, sample_dir / name / f"step_{step:06d}.jsonl"))
-    return metrics, files
+    return (logged(log(step, by_set, dict(metrics)), metrics, "eval/") if log else metrics), files
 
 
 def write_samples(samples: list[Sample], path: Path) -> Path:

@@ -4,8 +4,8 @@ A backend computes the log-probs and entropy of one micro-batch its own way (ful
 torch; vocab-parallel, chunked in megatron) and hands them here; everything after that (old
 log-probs, surrogate, TIS, aggregation, entropy bonus, KL loss, metrics) is this one function.
 Scalars are divided by the whole step's `denom`, so they sum exactly over micro-batches.
-The surrogate (PPO-clip, GSPO, CISPO or algorithm.custom_loss, its clip ε bound) and the TIS weights
-come as callables in the LossSpec; nothing here knows an algorithm's name. `sft_loss` is the other objective a
+The surrogate (PPO-clip, GSPO, CISPO or algorithm.custom_loss, its clip ε bound), the TIS correction
+(or algorithm.custom_tis_function) and a custom pg-loss reducer come as callables in the LossSpec; nothing here knows an algorithm's name. `sft_loss` is the other objective a
 LossSpec may hold (algorithm.loss_type=sft_loss): the response tokens' negative log-likelihood.
 """
 
@@ -38,10 +38,12 @@ def policy_loss(spec: LossSpec, logp: Tensor, ent: Tensor, old: Tensor, adv: Ten
     mode = spec.loss_aggregation
     pg_tok, clipped, ppo_kl = spec.surrogate(logp, old, adv, mask=mask)
     per_token = {"pg_clipfrac": clipped, "ppo_kl": ppo_kl}
-    if spec.tis is not None:
-        w, per_token["tis_clipfrac"] = spec.tis(old, rollout_lp)
-        pg_tok = pg_tok * w
-    pg_loss = L.aggregate(pg_tok, mask, mode, denom)
+    kept = mask
+    if spec.tis is not None:  # TIS or algorithm.custom_tis_function
+        pg_tok, kept, more = spec.tis(pg_tok, old, rollout_lp, mask)
+        per_token |= more
+        pg_tok = pg_tok * kept  # a token it rejects leaves the numerator; the denominators stay the loss mask's (slime's)
+    pg_loss = spec.pg_loss_reducer(pg_tok, kept, denom) if spec.pg_loss_reducer else L.aggregate(pg_tok, mask, mode, denom)
     scalars = {"pg_loss": pg_loss}
     per_token["entropy"] = ent
     loss = pg_loss - spec.entropy_coef * L.aggregate(ent, mask, mode, denom) if spec.entropy_coef else pg_loss

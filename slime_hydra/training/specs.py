@@ -18,8 +18,13 @@ Surrogate = Callable[..., tuple[Tensor, Tensor, Tensor]]
 # objective(spec, log_probs, entropy, old_log_probs, advantages, mask, rollout_log_probs | None, ref_log_probs(),
 #           denom) -> (loss, scalar terms, per-token metrics [n, T]): training/policy_loss.py's policy_loss or sft_loss
 Objective = Callable[..., tuple[Tensor, dict, dict]]
-# tis(old_log_probs [n, T], rollout_log_probs [n, T]) -> (weights [n, T], tis_clipfrac [n, T])
-TisWeights = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+# tis(pg_loss [n, T], old_log_probs [n, T], rollout_log_probs [n, T], mask [n, T]) -> (pg_loss [n, T], mask [n, T],
+#     per-token metrics {name: [n, T]}): TIS (surrogates.truncated_is) or algorithm.custom_tis_function
+TisCorrection = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor, dict]]
+# reducer(pg_loss [n, T], mask [n, T], denom) -> the micro-batch's policy-gradient term: algorithm.custom_pg_loss_reducer_function
+PgLossReducer = Callable[[Tensor, Tensor, float], Tensor]
+# post_process(samples, group_size) -> one reward per sample for the estimator: reward.custom_reward_post_process
+RewardPostProcess = Callable[[list, int], list]
 # estimate(rewards [N], mask [N, T], kl [N, T] | None, group_size) -> advantages [N, T]
 Estimator = Callable[[Tensor, Tensor, Optional[Tensor], int], Tensor]
 # gae(rewards [N], mask [N, T], kl [N, T] | None, values [N, T]) -> (advantages [N, T], returns [N, T])
@@ -39,7 +44,8 @@ class LossSpec:
     kl_loss_coef: float
     kl_loss_type: str  # also the estimator of the reward-shaping KL
     use_unbiased_kl: bool
-    tis: Optional[TisWeights]  # None: no truncated importance sampling
+    tis: Optional[TisCorrection]  # None: no truncated importance sampling
+    pg_loss_reducer: Optional[PgLossReducer]  # None: loss_aggregation
     use_rollout_logprobs: bool  # old log-probs are the rollout engine's
     keep_reference: bool  # a frozen reference policy (the KL loss or KL reward shaping reads it)
     ref_update_interval: Optional[int]  # re-snapshot the reference every that many rollouts
@@ -100,10 +106,20 @@ class AdvantageSpec:
     estimate: Optional[Estimator]
     gae: Optional[CriticEstimator]
     shaping_kl: bool
+    reward_post_process: Optional[RewardPostProcess]  # None: the estimator reads the samples' rewards
 
     def __post_init__(self) -> None:
         if (self.estimate is None) == (self.gae is None):
             raise ValueError("AdvantageSpec needs exactly one of estimate and gae")
+
+
+@dataclass(frozen=True)
+class RankHooks:
+    """slime's megatron hooks (train.custom_megatron_*), called on every train rank of train.backend=megatron; None: none."""
+
+    init: Optional[Callable[[], None]]  # once the process groups exist, before the models
+    before_log_prob: Optional[Callable[[list, str], None]]  # (model chunks, store_prefix) before a forward-only log-prob pass
+    before_train_step: Optional[Callable[[int, int, list, object], None]]  # (rollout_id, step_id, model chunks, optimizer)
 
 
 @dataclass(frozen=True)
@@ -115,3 +131,4 @@ class AlgorithmSpecs:
     batch: BatchSpec
     critic: Optional[CriticSpec]  # None: no value model
     advantage: AdvantageSpec
+    hooks: RankHooks

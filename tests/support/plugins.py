@@ -40,3 +40,18 @@ def slow_reward(sample, seconds: float = 0.01) -> float:
 
     time.sleep(seconds)
     return digit_reward(sample)
+
+
+def sync_eval(step, rollout, prompts, n_samples, sampling):
+    """An eval.eval_function of the right arguments that is not `async def` (refused before launch)."""
+    return []
+
+
+class GroupsOnlySource:
+    """A data.data_source class of the right arguments with next_groups alone (refused before launch)."""
+
+    def __init__(self, prompts, tokenizer, n_samples_per_prompt, seed):
+        self.prompts = prompts
+
+    def next_groups(self, num_groups):
+        return []

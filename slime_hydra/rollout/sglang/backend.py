@@ -50,13 +50,15 @@ class SGLangRollout:
     def __init__(self, cfg: RolloutConfig, model: torch.nn.Module, tokenizer, *, num_engines: int, tp_size: int,
                  seed: int, dtype: str, output_dir: str, colocate: bool, offload: bool, device: str,
                  launcher: Optional[Launcher] = None, starting: Callable[[], ContextManager] = contextlib.nullcontext,
-                 keep_on_host: bool = False):
+                 keep_on_host: bool = False, post_write: Optional[Callable[[str, int], None]] = None):
         """model: what the engines start from (anything with HF `save_pretrained`: under Ray, train rank 0 saves it).
         launcher: where the server processes run (engines.LocalLauncher, children of this process, unless given).
         starting: a context the engines start inside (the module docstring). keep_on_host (cluster.offload_train): the
         weights kept for a restarted engine's resync are host copies, not the trainer's tensors, which are released
-        while the engines generate."""
+        while the engines generate. post_write (rollout.custom_update_weight_post_write): fn(version_dir, version) after a disk
+        sync's files are written, before any engine reads them."""
         self.cfg, self.tokenizer, self.tp_size, self.dtype = cfg, tokenizer, tp_size, dtype
+        self.post_write = post_write
         self.mode = weight_sync_mode(cfg.weight_sync, colocate)
         self.route = S.route_of(cfg.weight_sync, colocate)  # None: disk sync
         self.device, self.offload, self.keep_on_host = device, offload, keep_on_host
@@ -174,6 +176,8 @@ class SGLangRollout:
             source.stage()  # here, in the caller's thread: a restart's resync later re-sends what is staged
             if self.route is None and local is not None:  # disk sync: a checkpoint the engines reload
                 self._last_disk = W.write_checkpoint(local.tensors, self.init_dir, self.dir / "weights", self.dtype)
+                if self.post_write is not None:  # publish the files (a shared file system) before the engines read them
+                    self.post_write(str(self._last_disk), version)
             t1 = time.perf_counter()
             requests = sum(self._on_engines([e for e in self.group.engines if e.healthy.is_set()],
                                             lambda e: self._sync_engine(e, source, version)))

@@ -58,3 +58,16 @@ def check(rollout: RolloutConfig, cluster: ClusterConfig) -> list[str]:
                         "rollout.sglang.skip_tokenizer_init=true turns off; use rollout.rollout_stop_token_ids or set "
                         "rollout.sglang.skip_tokenizer_init=false")
     return problems
+
+
+def check_post_write(rollout: RolloutConfig, cluster: ClusterConfig) -> list[str]:
+    """rollout.custom_update_weight_post_write runs after a disk weight sync writes its files: with any other sync (or
+    the local engine, which syncs in memory) it would never run."""
+    if not rollout.custom_update_weight_post_write:
+        return []
+    mode = weight_sync_mode(rollout.weight_sync, cluster.colocate) if rollout.backend == "sglang" else "in memory"
+    if mode == "disk":
+        return []
+    return [f"rollout.custom_update_weight_post_write runs after a disk weight sync writes its files; this run syncs "
+            f"{mode} (rollout.backend={rollout.backend}, rollout.weight_sync={rollout.weight_sync}): set "
+            "rollout.backend=sglang with rollout.weight_sync=disk, or unset the hook"]

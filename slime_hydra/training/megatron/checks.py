@@ -119,10 +119,14 @@ def check_unused(train: TrainConfig) -> list[str]:
     """train.megatron.* set with another train.backend would be silently ignored: name them."""
     changed = [f"train.megatron.{f.name}" for f in dataclasses.fields(MegatronConfig)
                if getattr(train.megatron, f.name) != f.default]
+    changed += [f"train.{key}" for key in HOOKS if getattr(train, key)]  # the train ranks' hooks run in megatron's step
     if changed:
         return [f"{', '.join(changed)} apply only with train.backend=megatron (train.backend={train.backend}); "
                 "drop them or set train.backend=megatron"]
     return []
+
+
+HOOKS = ("custom_megatron_init", "custom_megatron_before_log_prob_hook", "custom_megatron_before_train_step_hook")
 
 
 def check_batching(train: TrainConfig, p: ParallelismConfig, m: ModelConfig) -> list[str]:

@@ -36,7 +36,7 @@ from slime_hydra.training.optim import SKIPPED_STEPS
 from slime_hydra.training.policy_loss import old_log_probs
 from slime_hydra.training.rollout_schedule import RolloutSchedule
 from slime_hydra.training.schedule import lr_multiplier
-from slime_hydra.training.specs import AlgorithmSpecs, CriticSpec, LossSpec, OptimSpec
+from slime_hydra.training.specs import AlgorithmSpecs, CriticSpec, LossSpec, OptimSpec, RankHooks
 
 
 def build_trainer(hf_weights, hf_config, model: ModelConfig, parallel: ParallelismConfig, megatron: MegatronConfig,
@@ -49,16 +49,20 @@ def build_trainer(hf_weights, hf_config, model: ModelConfig, parallel: Paralleli
     if problems:
         raise ValueError(problems[0])
     init_parallel(parallel, seed, "nccl" if device.type == "cuda" else "gloo", distributed_timeout_s)
+    if specs.hooks.init is not None:  # train.custom_megatron_init: megatron set up, no model yet (slime's point)
+        specs.hooks.init()
     runner = MegatronRunner(model, parallel, megatron, specs.batch, hf_config.vocab_size, temperature, device, sdpa)
     return MegatronTrainBackend(runner, runner.new_gpt(hf_weights), HFExport(runner, hf_config), specs.loss, specs.optim,
-                                specs.critic)
+                                specs.critic, specs.hooks)
 
 
 class MegatronTrainBackend:
     def __init__(self, runner: MegatronRunner, policy: torch.nn.Module, export: HFExport, loss: LossSpec, optim: OptimSpec,
-                 critic: Optional[CriticSpec] = None):
-        """policy: a GPT of the runner's layout (runner.new_gpt); critic (ppo): the value model's spec (critic.py)."""
+                 critic: Optional[CriticSpec] = None, hooks: Optional[RankHooks] = None):
+        """policy: a GPT of the runner's layout (runner.new_gpt); critic (ppo): the value model's spec (critic.py);
+        hooks: train.custom_megatron_* (RankHooks)."""
         self.runner, self.export, self.loss, self.optim = runner, export, loss, optim
+        self.hooks = hooks or RankHooks(None, None, None)
         self.gpt = policy
         self.ddp = runner.wrap(policy)
         self.optimizer = runner.optimizer(self.ddp, optim, optim.lr, optim.weight_decay)
@@ -83,6 +87,8 @@ class MegatronTrainBackend:
     @torch.no_grad()
     def compute_log_probs(self, batch: TrainBatch, model=None) -> torch.Tensor:
         """[N, T] log-probs of every target under `model` (default: the policy), by micro-batch, on every rank."""
+        if self.hooks.before_log_prob is not None:  # train.custom_megatron_before_log_prob_hook: slime's store prefixes
+            self.hooks.before_log_prob([model or self.ddp], "ref_" if model is not None and model is self.ref else "")
         return self.runner.per_token(model or self.ddp, batch, lambda mb, logits: self.runner.log_probs(mb, logits, False)[0])
 
     @torch.no_grad()
@@ -121,6 +127,8 @@ class MegatronTrainBackend:
         metric_mode = L.metric_aggregation(mode)
         metric_denom = max(1.0, L.step_denominator([batch.loss_mask[keep]], metric_mode))
         mbs = r.share_micro_batches(batch, keep)  # mb.idx: the rows of old_all each micro-batch reads
+        if self.hooks.before_train_step is not None:  # train.custom_megatron_before_train_step_hook; steps are equal slices
+            self.hooks.before_train_step(self.schedule.rollouts_trained, int(idx[0]) // len(idx), [self.ddp], self.optimizer)
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         outs = r.run(self.ddp, mbs, partial(self._loss, old_all=old_all, denom=denom, metric_mode=metric_mode,
