@@ -24,7 +24,7 @@ from typing import Callable, Optional
 from slime_hydra.aio import run_sync
 from slime_hydra.data.buffer import DataBuffer, Group, is_done
 from slime_hydra.data.rollout_dump import write_rollout_dump
-from slime_hydra.engine.rollout_hooks import call_rollout_function, finish_groups, group_size
+from slime_hydra.engine.rollout_hooks import call_rollout_function, finish_groups, group_size, take_siblings
 from slime_hydra.errors import RunError
 from slime_hydra.protocols import RolloutBackend, Scorer
 from slime_hydra.types import Sample, SamplingParams, Status
@@ -70,15 +70,6 @@ def collect_rollout(rollout: RolloutBackend, buffer: DataBuffer, scorer: Scorer,
     finish_groups(kept, kept + [g for g, _ in dropped], buffer, plan.rollout_sample_filter,
                   plan.rollout_all_samples_process)
     return Collected([s for g in kept for s in g], metrics, dropped, group_size(kept, key))
-
-
-def take_siblings(group: Group) -> None:
-    """The samples a generate hook returned beside each of the group's, put in after it (the group object is kept:
-    the buffer and the collector hold it)."""
-    if any(s.siblings for s in group):
-        group[:] = [x for s in group for x in (s, *s.siblings)]
-        for s in group:
-            s.siblings = []
 
 
 async def _collect(rollout: RolloutBackend, buffer: DataBuffer, scorer: Scorer, sampling: SamplingParams,

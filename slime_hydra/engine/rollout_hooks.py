@@ -13,7 +13,7 @@ process on either cluster backend, so every hook runs there, in one process or u
   keep_generation=...)` hands unused ones back; `await rollout.generate(samples, sampling)` generates;
   `await scorer.score_async(samples)` rewards. It returns `rollout_batch_size` groups of equal size (slime:
   RolloutFnTrainOutput.samples; a dict beside them is logged as its metrics); a sample left at reward=None is scored
-  with reward.*. A sync or an async function. Unlike slime's, it is not called for eval (eval.* decides that), and it
+  with reward.*, and samples a generate hook returned beside one join its group. A sync or an async function. Unlike slime's, it is not called for eval (eval.* decides that), and it
   is handed the engine, the scorer and the sampling instead of reading them from `args`.
 - `rollout.rollout_sample_filter` (`--rollout-sample-filter-path`): fn(samples: list[list[Sample]], **kwargs) -> None,
   on the kept groups after the collector (or the rollout function); a sample it marks `remove_sample = True` stays in
@@ -52,6 +52,7 @@ CALLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 # what the collector does that a rollout function replaces: set beside one, these keys would be ignored
 COLLECTOR_KEYS = ("dynamic_sampling_filter", "partial_rollout", "over_sampling_batch_size")
+DERIVED = {"over_sampling_batch_size": lambda r: r.rollout_batch_size}  # what derivation fills in when it is unset
 
 
 def check_call(key: str, node: dict, positional: tuple[str, ...], keywords: tuple[str, ...], problems: list[str]) -> None:
@@ -76,7 +77,7 @@ def check_rollout_hooks(r: RolloutConfig) -> list[str]:
         check_call(f"rollout.{name}", getattr(r, name), positional, keywords, problems)
     if r.rollout_function:
         for k in COLLECTOR_KEYS:
-            if getattr(r, k):
+            if getattr(r, k) and getattr(r, k) != DERIVED.get(k, lambda r: None)(r):
                 problems.append(f"rollout.{k}={getattr(r, k)} is read by the built-in collector, which "
                                 f"rollout.rollout_function replaces; unset rollout.{k} or apply it in the rollout function")
     return problems
@@ -95,10 +96,21 @@ async def call_rollout_function(fn: Callable, rollout_id: int, data_source, *, r
         raise RunError(f"rollout.rollout_function returned {type(groups).__name__} of "
                        f"{len(groups) if isinstance(groups, list) else '?'} item(s) for rollout {rollout_id}; it must "
                        f"return rollout.rollout_batch_size={rollout_batch_size} groups, each a non-empty list[Sample]")
+    for g in groups:  # a generate hook's fan-out, as the collector takes it in
+        take_siblings(g)
     unscored = [s for g in groups for s in g if s.reward is None]
     if unscored:
         await scorer.score_async(unscored)
     return groups, {f"rollout/{k}" if "/" not in k else k: float(v) for k, v in dict(metrics).items()}
+
+
+def take_siblings(group: list[Sample]) -> None:
+    """The samples a generate hook returned beside each of the group's, put in after it (the group object is kept:
+    the buffer and the collector hold it)."""
+    if any(s.siblings for s in group):
+        group[:] = [x for s in group for x in (s, *s.siblings)]
+        for s in group:
+            s.siblings = []
 
 
 def group_size(groups: list[list[Sample]], key: str) -> int:
