@@ -41,21 +41,22 @@ def mean_of(history: list, first: bool, n: int = 10) -> float:
 @pytest.mark.slow
 def test_solver_and_checker_from_one_generate_hook_raise_their_reward(workdir):
     """experiments/agent/qwen3-tiny-solver-checker-cpu-local-torch-v1 through the CLI: every prompt sample trains as
-    two (a group of 8 is 16), and the reward of both agents rises from the first ten rollouts to the last ten."""
+    two (a group of 8 is 16), and the reward of both agents rises from the first ten rollouts to the last ten
+    (measured: solver 0.167 -> 0.352, checker 0.146 -> 0.373, both 0.157 -> 0.362; eval 0.29 -> 0.54)."""
     from mlflow.tracking import MlflowClient
 
     from tests.support.runs import mlflow_db
 
     db = mlflow_db(workdir / "mlflow.db")
     proc = run_cli(["experiment=agent/qwen3-tiny-solver-checker-cpu-local-torch-v1", f"logger.tracking_uri={db}",
-                    "logger.progress_bar=false", f"hydra.run.dir={workdir}/run"], workdir, timeout=1200)
+                    "logger.progress_bar=false", f"hydra.run.dir={workdir}/run"], workdir, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     client = MlflowClient(db)
     (run,) = client.search_runs([client.get_experiment_by_name("slime_hydra").experiment_id])
     history = {k: client.get_metric_history(run.info.run_id, f"rollout/{k}")
                for k in ("reward_mean", "solver_reward_mean", "checker_reward_mean")}
-    assert all(len(h) == 60 for h in history.values())
+    assert all(len(h) == 200 for h in history.values())
     for k, h in history.items():
-        assert mean_of(h, first=False) > mean_of(h, first=True) + 0.05, (k, mean_of(h, True), mean_of(h, False))
+        assert mean_of(h, first=False) > mean_of(h, first=True) + 0.1, (k, mean_of(h, True), mean_of(h, False))
     acc = sorted(client.get_metric_history(run.info.run_id, "eval/addition/accuracy"), key=lambda m: m.step)
-    assert acc[-1].value > acc[0].value  # the solver, greedy on held-out sums
+    assert acc[-1].value > acc[0].value + 0.1  # the solver, greedy on held-out sums
