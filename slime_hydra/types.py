@@ -33,6 +33,10 @@ class Sample:
     status: Status = Status.PENDING
     weight_version: int = 0
     metadata: dict[str, Any] = field(default_factory=dict)
+    remove_sample: bool = False  # set by rollout.rollout_sample_filter: the sample stays in the batch, its loss mask all 0
+    # the other samples a generate hook returned for this one (a list[Sample]); the collector puts them into the group
+    # right after it, each trained with its own loss_mask, and empties this list
+    siblings: list["Sample"] = field(default_factory=list)
 
     @property
     def response_tokens(self) -> list[int]:

@@ -3,11 +3,18 @@
 The contract (checked at validation time, before anything heavy starts):
 
     async def my_generate(sample: Sample, *, generate: GenerateFn, tokenizer, sampling: SamplingParams,
-                          max_turns: int, **kwargs) -> Sample
+                          max_turns: int, **kwargs) -> Sample | list[Sample]
 
 - `sample` has `prompt`, `prompt_tokens`, `label`, `metadata`; the hook fills `tokens` (prompt + response),
   `response`, `response_length`, `loss_mask` and `rollout_log_probs` (one per response token), `status` and
   `weight_version`, and returns it (or a replacement Sample).
+- Or it returns `list[Sample]`, several trainable samples for one (slime's list return: multi-agent turns, sub-agents,
+  a context split at a compaction), each with its own tokens, `loss_mask` and, if the hook scores them, `reward`
+  (a sample left at `reward=None` is scored by reward.* like any other). They take the prompt sample's place in
+  its group, in order, so a group of n prompt samples trains as n*k samples; the advantage step centres rewards
+  over that whole group, so every sample of a rollout must return the same number k. In eval only the first of the
+  list is scored (eval counts one answer per sample). Where slime's hook receives (args, sample, sampling_params)
+  and marks siblings with a shared `rollout_id`, here siblings keep the prompt sample's `group_index`.
 - `await generate(tokens, sampling) -> Completion` continues from token ids with the rollout backend
   (whichever it is: only the RolloutBackend Protocol is used) and returns the new ids, their log-probs and
   why it stopped. Concurrent calls of all samples are batched into one backend call.
@@ -22,12 +29,12 @@ from the config (verl's agent registry), never a dotted path of its own. Data is
 import and run anything. Rows are checked as they are read (data/rows.py: a row naming anything else is a bad
 row, in memory and streamed alike), and a sample naming an unregistered hook is refused here too. The composition
 floor's loader (app/plugins.load_hook, handed to `AgentRollout`) turns each registered hook into its function once.
-Left out: hooks that fan one sample out into several (slime allows it); a group's size must stay fixed here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import inspect
 from dataclasses import dataclass
@@ -148,6 +155,22 @@ class BatchedGenerate:
             fut.set_result(Completion(list(toks), logps, status, s.weight_version))
 
 
+def take_result(s: Sample, out: Any) -> Sample:
+    """The hook's result written into `s`, the object its group holds: a replacement Sample's fields, or a list's first
+    sample's with the rest as `s.siblings` (the collector puts them into the group after `s`)."""
+    items = out if isinstance(out, list) else [out]
+    if not items or not all(isinstance(x, Sample) for x in items):
+        got = f"list of {[type(x).__name__ for x in items][:4]}" if isinstance(out, list) else type(out).__name__
+        raise TypeError(f"rollout.custom_generate returned {got}; it must return a Sample or a non-empty list[Sample]")
+    items = [copy.copy(x) if x is s else x for x in items]  # `s` is overwritten below; a list may hold it anywhere
+    for f in dataclasses.fields(Sample):
+        setattr(s, f.name, getattr(items[0], f.name))
+    s.siblings = items[1:]
+    for x in s.siblings:
+        x.group_index = s.group_index
+    return s
+
+
 class AgentRollout:
     """A RolloutBackend that runs each sample through its generate hook over the wrapped backend.
 
@@ -184,9 +207,7 @@ class AgentRollout:
         async def one(s: Sample) -> Sample:
             out = await self.hook_for(s)(s, generate=gen, tokenizer=self.tokenizer, sampling=sampling,
                                          max_turns=self.max_turns)
-            if not isinstance(out, Sample):
-                raise TypeError(f"rollout.custom_generate returned {type(out).__name__}; it must return a Sample")
-            return out
+            return take_result(s, out)
 
         hooked = [s for s in samples if self.hook_for(s) is not None]
         if plain:  # before the hooks, not beside them: one backend call at a time (see BatchedGenerate)

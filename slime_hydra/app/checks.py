@@ -20,6 +20,7 @@ from slime_hydra.app.derive import derive, model_context
 from slime_hydra.config import checks as config_checks
 from slime_hydra.config.datafiles import eval_datasets
 from slime_hydra.config.schema import RunConfig
+from slime_hydra.engine.rollout_hooks import check_rollout_hooks
 from slime_hydra.errors import Missing
 from slime_hydra.models import checks as model_checks
 from slime_hydra.orchestration import checks as cluster_checks
@@ -43,6 +44,7 @@ def check(given: RunConfig) -> tuple[RunConfig, list[str], list[str]]:
     problems, notes = problems + more, notes + more_notes
     problems += train_checks(cfg, notes)
     problems += check_hooks(cfg.rollout.custom_generate, cfg.rollout.generate_hooks)
+    problems += check_rollout_hooks(cfg.rollout)
     problems += check_prompt_room(cfg)
     rm_types = {"reward.rm_type": cfg.reward.rm_type}
     rm_types |= {f"eval.eval_prompt_data.{n}.rm_type": d.rm_type for n, d in eval_datasets(cfg).items()}

@@ -58,7 +58,9 @@ def loop_settings(cfg: RunConfig) -> loop.LoopSettings:
     """The typed values the engine loop reads, its plug-ins (the dynamic-sampling filter, the SFT samples) loaded."""
     r, w, e = cfg.rollout, cfg.warmstart, cfg.eval
     plan = RolloutPlan(r.rollout_batch_size, r.over_sampling_batch_size, load_target(r.dynamic_sampling_filter),
-                       r.partial_rollout, r.mask_offpolicy_in_partial_rollout, r.max_dynamic_sampling_rounds)
+                       r.partial_rollout, r.mask_offpolicy_in_partial_rollout, r.max_dynamic_sampling_rounds,
+                       load_target(r.rollout_function), load_target(r.rollout_sample_filter),
+                       load_target(r.rollout_all_samples_process))
     warm = WarmStart(w.steps, w.batch_size, w.lr, cfg.seed, load_target(w.custom_sft_samples), w.target_train_accuracy,
                      w.check_prompts, w.check_interval, w.min_steps) if w.steps else None
     return loop.LoopSettings(
@@ -68,7 +70,8 @@ def loop_settings(cfg: RunConfig) -> loop.LoopSettings:
         eval_interval=e.eval_interval, skip_eval_before_train=e.skip_eval_before_train,
         save_eval_samples=e.save_eval_samples, save_interval=cfg.save_interval,
         save_debug_rollout_data=cfg.save_debug_rollout_data, progress_bar=cfg.logger.progress_bar,
-        offload_train=bool(cfg.cluster.offload_train))
+        offload_train=bool(cfg.cluster.offload_train), convert_samples=load_target(r.custom_convert_samples_to_train_data),
+        rollout_data_postprocess=load_target(r.rollout_data_postprocess))
 
 
 def watchdog(cfg: RunConfig, c, out: Path, save_dir: str):

@@ -203,6 +203,14 @@ class RolloutConfig:
     # shared file system)
     custom_update_weight_post_write: dict[str, Any] = field(default_factory=dict)  # empty: none
     max_turns: int = 1  # model turns per sample of a multi-turn generate (slime has no such flag: its agents count their own)
+    # -- slime's other rollout hooks, `_target_` nodes (empty: none); engine/rollout_hooks.py has each contract --
+    rollout_function: dict[str, Any] = field(default_factory=dict)  # slime --rollout-function-path: replaces the collector
+    rollout_sample_filter: dict[str, Any] = field(default_factory=dict)  # --rollout-sample-filter-path: sets remove_sample
+    # --rollout-all-samples-process-path: every judged group, dropped ones too
+    rollout_all_samples_process: dict[str, Any] = field(default_factory=dict)
+    # --custom-convert-samples-to-train-data-path: samples -> TrainBatch
+    custom_convert_samples_to_train_data: dict[str, Any] = field(default_factory=dict)
+    rollout_data_postprocess: dict[str, Any] = field(default_factory=dict)  # --rollout-data-postprocess-path: the batch before training
     # -- backend=sglang (slime_hydra/rollout/sglang/): engines = cluster.rollout_num_gpus / rollout_num_gpus_per_engine --
     # SGLang ServerArgs pass-through (slime's --sglang-<flag>), e.g. {mem_fraction_static: 0.8, context_length: 8192};
     # checked against sglang's ServerArgs fields. model_path, tp_size, port, host and random_seed are the runner's.

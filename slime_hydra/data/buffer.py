@@ -52,6 +52,7 @@ def reset_sample(s: Sample) -> None:
     s.tokens, s.response, s.response_length, s.reward = [], "", 0, None
     s.loss_mask = s.rollout_log_probs = None
     s.status, s.weight_version = Status.PENDING, 0
+    s.remove_sample, s.siblings = False, []
     s.metadata.pop("reward_dict", None)
 
 
@@ -105,4 +106,4 @@ def sample_to_dict(s: Sample) -> dict:
 
 
 def sample_from_dict(d: dict) -> Sample:
-    return Sample(**{**d, "status": Status(d["status"])})
+    return Sample(**{**d, "status": Status(d["status"]), "siblings": [sample_from_dict(x) for x in d.get("siblings", [])]})

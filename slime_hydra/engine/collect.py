@@ -7,6 +7,11 @@ whatever is still generating is aborted (`RolloutBackend.abort`) and every unuse
 the buffer: with `partial_rollout` keeping the tokens it has (continued in a later round, the stale
 prefix loss-masked with `mask_offpolicy_in_partial_rollout`), otherwise reset to a fresh prompt.
 A dropped group is consumed, as in slime. Sync and async loops share this function.
+
+A generate hook that returns several samples for one (agent/hook.py) leaves the rest on the sample's `siblings`:
+a finished group takes them in, after their sample, before it is scored and judged. `rollout.rollout_function`
+replaces all of this; the rollout sample filter and the all-samples process then run on what either gave
+(engine/rollout_hooks.py has their contracts).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Callable, Optional
 from slime_hydra.aio import run_sync
 from slime_hydra.data.buffer import DataBuffer, Group, is_done
 from slime_hydra.data.rollout_dump import write_rollout_dump
+from slime_hydra.engine.rollout_hooks import call_rollout_function, finish_groups, group_size, take_siblings
 from slime_hydra.errors import RunError
 from slime_hydra.protocols import RolloutBackend, Scorer
 from slime_hydra.types import Sample, SamplingParams, Status
@@ -35,6 +41,9 @@ class RolloutPlan:
     partial_rollout: bool = False
     mask_offpolicy_in_partial_rollout: bool = False
     max_rounds: int = 100
+    rollout_function: Optional[Callable] = None  # rollout.rollout_function: replaces the collector
+    rollout_sample_filter: Optional[Callable] = None
+    rollout_all_samples_process: Optional[Callable] = None
 
 
 @dataclass
@@ -42,14 +51,29 @@ class Collected:
     samples: list[Sample]  # rollout_batch_size groups, each contiguous
     metrics: dict[str, float]
     dropped: list[tuple[Group, str]]  # for debug dumps
+    group_size: int = 0  # samples per group (a generate hook returning k samples: k * n_samples_per_prompt); 0: n
 
 
 def collect_rollout(rollout: RolloutBackend, buffer: DataBuffer, scorer: Scorer, sampling: SamplingParams,
-                    plan: RolloutPlan) -> Collected:
-    return run_sync(_collect(rollout, buffer, scorer, sampling, plan))
+                    plan: RolloutPlan, rollout_id: int = 0) -> Collected:
+    """Rollout `rollout_id`'s batch: by the collector below, or by rollout.rollout_function; then the sample filter
+    and the all-samples process."""
+    if plan.rollout_function is not None:
+        kept, metrics = run_sync(call_rollout_function(
+            plan.rollout_function, rollout_id, buffer, rollout=rollout, scorer=scorer, sampling=sampling,
+            rollout_batch_size=plan.rollout_batch_size))
+        dropped: list[tuple[Group, str]] = []
+        key = "rollout.rollout_function"
+    else:
+        kept, dropped, metrics = run_sync(_collect(rollout, buffer, scorer, sampling, plan))
+        key = "rollout.custom_generate"
+    finish_groups(kept, kept + [g for g, _ in dropped], buffer, plan.rollout_sample_filter,
+                  plan.rollout_all_samples_process)
+    return Collected([s for g in kept for s in g], metrics, dropped, group_size(kept, key))
 
 
-async def _collect(rollout: RolloutBackend, buffer: DataBuffer, scorer: Scorer, sampling: SamplingParams, plan: RolloutPlan) -> Collected:
+async def _collect(rollout: RolloutBackend, buffer: DataBuffer, scorer: Scorer, sampling: SamplingParams,
+                   plan: RolloutPlan) -> tuple[list[Group], list[tuple[Group, str]], dict[str, float]]:
     kept: list[Group] = []
     dropped: list[tuple[Group, str]] = []
     rounds = returned = partial = 0
@@ -80,6 +104,7 @@ async def _collect(rollout: RolloutBackend, buffer: DataBuffer, scorer: Scorer, 
                 if len(kept) >= plan.rollout_batch_size:
                     break
                 pending.remove(g)
+                take_siblings(g)
                 for s in g:
                     if id(s) in first_version:  # staleness is that of the oldest part
                         s.weight_version = min(s.weight_version, first_version[id(s)])
@@ -108,7 +133,7 @@ async def _collect(rollout: RolloutBackend, buffer: DataBuffer, scorer: Scorer, 
                "rollout/returned_groups": float(returned), "rollout/continued_samples": float(partial),
                "rollout/buffer_groups": float(len(buffer))}
     metrics |= {f"rollout/dynamic_sampling_dropped_{r}": float(n) for r, n in reasons.items()}
-    return Collected([s for g in kept for s in g], metrics, dropped)
+    return kept, dropped, metrics
 
 
 def _judge(fn: Optional[Callable], group: Group) -> tuple[bool, str]:

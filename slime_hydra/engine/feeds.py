@@ -75,11 +75,11 @@ class RolloutFeed(Protocol):
 class SyncFeed:
     """train_mode=sync: each rollout is generated when the loop asks for it, on the weights just synced."""
 
-    def __init__(self, rollout: RolloutBackend, collect: Callable[[], Collected]):
+    def __init__(self, rollout: RolloutBackend, collect: Callable[[int], Collected]):
         self.rollout, self.collect = rollout, collect
 
     def next(self, rollout_id: int) -> Collected:
-        return self.collect()
+        return self.collect(rollout_id)
 
     def update_weights(self, named_weights: Weights, version: int) -> None:
         self.rollout.update_weights(named_weights, version=version)
@@ -154,7 +154,7 @@ class AheadGenerator:
     `next()` waits for the oldest, within `timeout_s` of the start of its generation. `ready`: finished rollouts
     from a checkpoint (trained first); `published`: the checkpoint's published weights the worker had not applied."""
 
-    def __init__(self, rollout: RolloutBackend, collect: Callable[[], Collected], *, num_rollout: int, buffer_size: int,
+    def __init__(self, rollout: RolloutBackend, collect: Callable[[int], Collected], *, num_rollout: int, buffer_size: int,
                  timeout_s: float, resume_hint: Callable[[], str], first_rollout_id: int, ready: list[dict],
                  published: Optional[tuple[Weights, int]] = None):
         self.rollout, self.collect, self.timeout_s, self.resume_hint = rollout, collect, timeout_s, resume_hint
@@ -179,7 +179,7 @@ class AheadGenerator:
     def fill(self, ahead: int) -> None:
         while len(self.queue) < ahead:
             weights, self.weights = self.weights, None
-            self.queue.append(self.worker.submit(self.next_id, self._one, weights))
+            self.queue.append(self.worker.submit(self.next_id, self._one, self.next_id, weights))
             self.next_id += 1
 
     def next(self, rollout_id: int) -> Collected:
@@ -215,11 +215,11 @@ class AheadGenerator:
                            f"{job.rollout_id}. {self.resume_hint()}") from err
         return job.future.result(timeout=0)
 
-    def _one(self, weights: Optional[tuple[Weights, int]]) -> Collected:
+    def _one(self, rollout_id: int, weights: Optional[tuple[Weights, int]]) -> Collected:
         t0 = time.perf_counter()
         if weights is not None:
             self.rollout.update_weights(weights[0], version=weights[1])
-        got = self.collect()
+        got = self.collect(rollout_id)
         got.metrics["perf/rollout_generate_s"] = time.perf_counter() - t0
         return got
 
@@ -258,9 +258,9 @@ def done_future(value) -> Future:
 
 def collected_to_dict(got: Collected) -> dict:
     return {"samples": [sample_to_dict(s) for s in got.samples], "metrics": dict(got.metrics),
-            "dropped": [([sample_to_dict(s) for s in g], reason) for g, reason in got.dropped]}
+            "dropped": [([sample_to_dict(s) for s in g], reason) for g, reason in got.dropped], "group_size": got.group_size}
 
 
 def collected_from_dict(d: dict) -> Collected:
     return Collected([sample_from_dict(s) for s in d["samples"]], dict(d["metrics"]),
-                     [([sample_from_dict(s) for s in g], reason) for g, reason in d["dropped"]])
+                     [([sample_from_dict(s) for s in g], reason) for g, reason in d["dropped"]], d.get("group_size", 0))

@@ -19,6 +19,7 @@ from slime_hydra.engine.components import Components, engine_state
 from slime_hydra.engine.feeds import AheadGenerator, RolloutFeed, SyncFeed
 from slime_hydra.engine.offload import trainer_released
 from slime_hydra.engine.report import Progress
+from slime_hydra.engine.rollout_hooks import postprocessed
 from slime_hydra.engine.steps import advantages, evaluate, logged, rollout_metrics
 from slime_hydra.engine.warmstart import WarmStart, run_warm_start
 
@@ -42,6 +43,8 @@ class LoopSettings:
     save_debug_rollout_data: Optional[str]
     progress_bar: bool
     offload_train: bool = False  # cluster.offload_train: the trainer is released while the engines generate (engine/offload.py)
+    convert_samples: Optional[Callable] = None  # rollout.custom_convert_samples_to_train_data; None: training/batch.collate
+    rollout_data_postprocess: Optional[Callable] = None  # rollout.rollout_data_postprocess: the batch before training
 
 
 def run(settings: LoopSettings, c: Components, save_dir: str,
@@ -61,15 +64,16 @@ def run(settings: LoopSettings, c: Components, save_dir: str,
             step, t0 = rollout_id + 1, time.perf_counter()
             with trainer_released(c.trainer, settings.offload_train) as offload:  # cluster.offload_train
                 got = feed.next(rollout_id)  # generate, reward, dynamic sampling (async: waits for the one generated ahead)
-            samples, t1 = got.samples, time.perf_counter()
-            batch = advantages(samples, c.advantage, n, pad, c.trainer)  # advantages
+            samples, t1, g = got.samples, time.perf_counter(), got.group_size or n  # g: a generate hook's fan-out too
+            batch = advantages(samples, c.advantage, g, pad, c.trainer, settings.convert_samples)  # advantages
+            batch = postprocessed(settings.rollout_data_postprocess, rollout_id, batch)
             t2 = time.perf_counter()
             metrics = c.trainer.train_rollout(batch)  # train
             t3 = time.perf_counter()
             if due(step, settings.update_weights_interval, settings.num_rollout):
                 feed.update_weights(c.trainer.named_weights(), step)  # sync weights (async: before its next generation)
             t4 = time.perf_counter()
-            metrics |= rollout_metrics(samples, n) | got.metrics | weight_lag_metrics(samples, rollout_id) | c.scorer.metrics()
+            metrics |= rollout_metrics(samples, g) | got.metrics | weight_lag_metrics(samples, rollout_id) | c.scorer.metrics()
             # the backend's figures (sync requests, retries), the step's timings, the feed's (async: wait, generation rate)
             metrics |= c.rollout.metrics() | perf_metrics(samples, t0, t1, t2, t3, t4) | feed.metrics(got, t1 - t0)
             metrics |= c.source.metrics() | offload  # streamed data: bad rows skipped so far; the trainer's release

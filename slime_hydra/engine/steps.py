@@ -17,6 +17,7 @@ from slime_hydra.algorithms.groups import tied_groups
 from slime_hydra.config.schema import EvalDatasetConfig, RolloutConfig
 from slime_hydra.data.dataset import Prompt
 from slime_hydra.data.source import prompt_group
+from slime_hydra.engine.rollout_hooks import converted, removed_rows
 from slime_hydra.protocols import RolloutBackend, Scorer, TrainBackend, TrainBatch
 from slime_hydra.training.batch import collate
 from slime_hydra.training.specs import AdvantageSpec
@@ -34,11 +35,15 @@ def eval_sampling(ds: EvalDatasetConfig, rollout: SamplingParams) -> SamplingPar
                           rollout.stop_token_ids, rollout.stop)
 
 
-def advantages(samples: list[Sample], spec: AdvantageSpec, group_size: int, pad_id: int, trainer: TrainBackend) -> TrainBatch:
-    """Collate, then [N, T] per-token advantages on the batch's loss mask (REINFORCE++ needs it); the
+def advantages(samples: list[Sample], spec: AdvantageSpec, group_size: int, pad_id: int, trainer: TrainBackend,
+               convert: Optional[Callable] = None) -> TrainBatch:
+    """Collate (or rollout.custom_convert_samples_to_train_data), the rows of removed samples (rollout_sample_filter)
+    loss-masked, then [N, T] per-token advantages on the batch's loss mask (REINFORCE++ needs it); the
     reward-shaping KL comes from the trainer (policy vs reference) only with spec.shaping_kl, and a
     critic estimator's values from the trainer's critic (batch.values and batch.returns are its targets)."""
-    batch = collate(samples, torch.zeros(len(samples)), pad_id)
+    batch = converted(convert, samples, pad_id) if convert else collate(samples, torch.zeros(len(samples)), pad_id)
+    if removed := removed_rows(samples):
+        batch.loss_mask[removed] = 0.0
     # reward.custom_reward_post_process: the rewards the estimator reads; the samples keep theirs (rollout/reward_mean)
     raw = spec.reward_post_process(samples, group_size) if spec.reward_post_process else [s.reward for s in samples]
     rewards = torch.tensor(raw, dtype=torch.float32)
