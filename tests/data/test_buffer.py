@@ -19,15 +19,12 @@ from slime_hydra.data.source import PromptSource
 from slime_hydra.engine.collect import RolloutPlan, collect_rollout
 from slime_hydra.errors import ConfigError, UserError
 from slime_hydra.types import SamplingParams, Status
+from tests.support.plugins import newest_first
 
 
 def group_pattern_reward(sample, **kwargs) -> float:
     """Groups 0, 3, 6, ... score 1 on every sample (rewards agree: DAPO drops them); others alternate 0, 1."""
     return 1.0 if sample.group_index % 3 == 0 else float(sample.index % 2)
-
-
-def newest_first(buffer, num_groups):
-    return buffer[::-1][:num_groups]
 
 
 def steals_a_group(buffer, num_groups):

@@ -1,4 +1,6 @@
-"""Plug-ins that several tests name by `_target_` (tests.support.plugins.<name>)."""
+"""Plug-ins that several tests name by `_target_` (tests.support.plugins.<name>). digit_reward, newest_first and
+reinforce_surrogate are also the examples of their keys in docs/customization.md, which a test keeps equal to this
+source."""
 
 from __future__ import annotations
 
@@ -20,6 +22,11 @@ def invalid_reward(sample, bad: str = "nan", every: int = 4, from_version: int =
     if sample.index % every or sample.weight_version < from_version:
         return digit_reward(sample)
     return {"nan": float("nan"), "inf": float("inf"), "str": "0.5", "none": None, "missing": {"acc": 1.0}}[bad]
+
+
+def newest_first(buffer, num_groups):
+    """rollout.buffer_filter: the groups waiting in the buffer served newest first (last in, first out)."""
+    return buffer[::-1][:num_groups]
 
 
 NAN_ADVANTAGE_CALLS = [0]  # calls of nan_advantages in this process (a test resets it)

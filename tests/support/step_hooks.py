@@ -1,5 +1,5 @@
 """Step-hook plug-ins the tests name by `_target_` (tests.support.step_hooks.<name>). Each is also the example of its key in
-docs/customization_rest.md: tests/static/test_customization_examples.py checks that the doc shows exactly this source."""
+docs/customization.md: tests/static/test_customization_doc.py checks that the doc shows exactly this source."""
 
 from __future__ import annotations
 
