@@ -7,20 +7,18 @@
 does not split batches: every megatron rank takes the whole batch and picks its data-parallel share itself,
 and every trainer method is a collective over the TP/PP/DP groups (a rank that skipped one would leave the
 others waiting in it), so every call goes to every rank. The backend returns the step's metrics, the SFT
-loss and log-probs on every rank (broadcast from the last pipeline stage), so rank 0 answers. Weights for the
-rollout engines are every stage's TP-gathered Hugging Face tensors, gathered onto the first stage: rank 0's
-result goes into the object store, and the rollout manager hands the reference to its engines (rollout=local) or, with
-PP>1, the driver fetches it and sends it to the SGLang engines in buckets (rollout=sglang: orchestration/sglang_engines.py). Checkpoints
-are the backend's: HF weights written by one rank per stage, and megatron's distributed format written by
-every rank (save_checkpoint / load_checkpoint: nothing of the trainer in the state files).
+loss and log-probs on every rank (broadcast from the last pipeline stage), so rank 0 answers. Weights for local rollout
+engines are every stage's TP-gathered Hugging Face tensors, gathered onto the first stage: rank 0's result goes into
+the object store, and the rollout manager hands the reference to its engines. Checkpoints are the backend's: HF
+weights written by one rank per stage, and megatron's distributed format written by every rank (save_checkpoint /
+load_checkpoint: nothing of the trainer in the state files).
 
-With PP=1 the SGLang engines get the weights from the ranks instead (orchestration/rank_weights.py): colocated ones
-as CUDA IPC handles of the ranks' own tensors on their GPUs, disaggregated ones over update groups the ranks open (NCCL
-on GPUs, gloo on CPU; engine e fed by rank e % ranks). Every wait has the deadline `cluster.ray_call_timeout_s`
-(orchestration/calls.py). PPO's critic lives in the ranks beside the policy (training/megatron/critic.py): `values` and
-the critic's steps inside `train_rollout` are collectives like the rest, its gradients summed over DP by megatron's DDP.
-Left out here: per-stage senders for PP>1 (each stage's lead rank would join the engine's update group; with PP>1 the
-driver sends, refused on GPUs at validation).
+SGLang engines get the weights from the ranks instead (orchestration/rank_weights.py), each pipeline stage's layers
+from a rank of that stage (the ranks report their stage at setup): colocated ones as handles (CUDA IPC on GPUs) from
+ranks on their node, disaggregated ones over update groups the ranks open, one per engine and stage (NCCL on GPUs,
+gloo on CPU). Every wait has the deadline `cluster.ray_call_timeout_s` (orchestration/calls.py). PPO's critic lives
+in the ranks beside the policy (training/megatron/critic.py): `values` and the critic's steps inside `train_rollout`
+are collectives like the rest, its gradients summed over DP by megatron's DDP.
 """
 
 from __future__ import annotations

@@ -1,17 +1,19 @@
 """Weights sent to the SGLang engines by the train ranks themselves, under Ray (slime's routes).
 
 The driver route (WeightsRef below) copies rank 0's weights to the CPU, through the object store to the driver,
-which sends them. slime keeps them where they are: with PP=1 every rank holds its full (TP-gathered) Hugging Face
-tensors on its own device after the gather, and sends from there:
-- colocated engines (`weight_sync=tensor`): the engine on a rank's device gets handles to its tensors (CUDA IPC on a
-  GPU, shared-memory files on CPU); an engine of `rollout_num_gpus_per_engine` > 1 GPUs gets one payload per engine TP
-  rank, each from the train rank on that GPU. The driver posts the payloads (HTTP on the loopback), bucket by bucket.
-- any engine over an update group (`weight_sync=distributed`, disaggregated): engine e is fed by rank e % ranks
-  (`feeder_ranks`), which opens the engine's group as its rank 0 (NCCL from the rank's GPU, gloo on CPU; a new group
-  when the engine is relaunched), posts each bucket's /update_weights_from_distributed from a thread and broadcasts
-  (rollout/sglang/distributed.UpdateGroups). Engines fed by different ranks receive at the same time.
-The driver still pauses, flushes and continues each engine. With PP>1 a rank holds its stage's layers only, and the
-weights take the driver route (on GPUs, validation refuses the update group there: the driver has no GPU).
+which sends them. slime keeps them where they are: every rank holds its pipeline stage's full (TP-gathered) Hugging
+Face tensors on its own device after the gather, and each stage sends its own layers from there (which rank sends
+which stage to which engine: orchestration/senders.py, on the nodes Ray placed the bundles on):
+- colocated engines (`weight_sync=tensor`): each engine TP rank gets handles (CUDA IPC on a GPU, shared-memory files on
+  CPU) from the train rank on its own bundle for that rank's stage, and from a rank of every other stage on the same
+  node; the driver posts the payloads (HTTP), stage by stage, bucket by bucket, in one weight-update session.
+- any engine over update groups (`weight_sync=distributed`, disaggregated): for each stage, one rank of the stage (on
+  the engine's node where it has one; the engines spread over the stage's ranks) opens its own group with the engine
+  as its rank 0 (NCCL from the rank's GPU, gloo on CPU; a new group when the engine is relaunched), posts each bucket's
+  /update_weights_from_distributed from a thread and broadcasts (rollout/sglang/distributed.UpdateGroups); the engine
+  meets it at the loopback on its own node, else at the rank's node IP. The stages feed an engine in turn; engines fed
+  by different ranks receive at the same time.
+The driver still pauses, flushes and continues each engine, and fetches no tensor.
 
 `RankStage` is the rank's half (a mixin of the rank actors): `stage_weights` is a collective of every rank (the TP
 gather) and keeps the tensors until the next stage on the ranks that send them; `weight_payload` serialises one bucket

@@ -8,15 +8,18 @@ child (ManagedProcess: the server's process group gets SIGTERM when the actor di
 listens. A restart relaunches through the same actor, or through a new one on the same bundle if the actor
 died. Every wait on an actor is a RayCalls wait with `cluster.ray_call_timeout_s`.
 
-Weights come from the train ranks (orchestration/rank_weights.py, slime's routes; megatron with PP=1): colocated engines
-get handles to the tensors of the ranks on their own bundles (CUDA IPC on GPUs), the others a broadcast over an update
-group the feeding rank opens (NCCL on GPUs, gloo on CPU). Otherwise (megatron PP>1, disk sync) the driver fetches
-train rank 0's weights from the object store (every stage's TP-gathered HF tensors) and sends them as in one process.
+Weights come from the train ranks (orchestration/rank_weights.py, slime's routes; each pipeline stage's from a rank of
+that stage): colocated engines get handles to the tensors of ranks on their own node (CUDA IPC on GPUs), the others a
+broadcast over update groups the feeding ranks open (NCCL on GPUs, gloo on CPU). Otherwise (disk sync, local weights)
+the driver fetches train rank 0's weights from the object store and sends them as in one process.
 
-Same host only: the engines listen on the loopback, load the initial checkpoint from the driver's output
-directory and share tensors with it through local memory (and the update groups of
-`weight_sync=distributed` rendezvous on the loopback); an engine placed on another node is refused
-with the keys to change. On GPUs an engine of several bundles sees the GPUs of all its bundles
+Engines on every node: each engine's actor runs on its own bundle's node and its server listens there, on the
+loopback when that is the driver's node (nothing else reaches it) and on the node's IP otherwise, where the router in
+the driver reaches it (every request carries the run's API key). Such an engine loads the initial checkpoint from the
+driver's output directory and writes its log there (and disk sync writes there): on several machines that directory
+must be on a filesystem every node mounts, as slime's checkpoint paths are. Only handles posted from the driver's own
+memory (weight_sync=tensor where the ranks cannot send) need every engine on the driver's node; that is refused at
+launch with the keys to change. On GPUs an engine of several bundles sees the GPUs of all its bundles
 (CUDA_VISIBLE_DEVICES from a probe on each bundle, as slime does).
 """
 
@@ -123,7 +126,7 @@ class RemoteServer:
     def log_tail(self, n: int = 30) -> str:
         try:
             return self.calls.get(self.actor.log_tail.remote(n), "server log", [self.label])
-        except RunError:  # the actor is gone: the file is on this host (engines share the driver's node)
+        except RunError:  # the actor is gone: the file is in the driver's output directory (a shared one across nodes)
             try:
                 return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
             except OSError:

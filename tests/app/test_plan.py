@@ -19,6 +19,7 @@ import pytest
 from slime_hydra.app import plan
 from slime_hydra.app.preflight import compose_run
 from slime_hydra.errors import ConfigError
+from tests.support.plans import engines, ranks
 from tests.support.runs import EXPERIMENTS, ROOT, run_cli
 
 QWEN3_4B = "grpo/qwen3-4b-dapo-math-1n8g-megatron-sglang-colocate-v1"
@@ -27,29 +28,9 @@ AGENT = "agent/qwen3-4b-calculator-multiturn-1n8g-megatron-sglang-colocate-v1"
 ASYNC = "async/qwen3-4b-dapo-math-1n8g-megatron-sglang-async-v1"
 
 
-def ranks(text: str) -> dict[int, dict[str, int]]:
-    """The rank table: rank -> {node, bundle, GPU|CPU, TP, PP, DP}."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.split()[:3] == ["rank", "node", "bundle"])
-    head = lines[start].split()
-    out = {}
-    for line in lines[start + 1:]:
-        cells = line.split()
-        if not cells or not cells[0].isdigit():
-            break
-        out[int(cells[0])] = dict(zip(head[1:], map(int, cells[1:]), strict=True))
-    return out
-
-
 def groups(text: str, kind: str) -> list[list[int]]:
     line = next(line for line in text.splitlines() if line.startswith(f"  {kind} groups: "))
     return sorted(sorted(int(x) for x in g.split(",")) for g in re.findall(r"\[([\d, ]+)\]", line))
-
-
-def engines(text: str) -> dict[int, tuple[list[int], int]]:
-    """engine -> (its bundles, its node)."""
-    found = re.findall(r"^  engine (\d+): bundles \[([\d, ]+)\] \(node (\d+),", text, re.M)
-    return {int(e): ([int(b) for b in bundles.split(",")], int(node)) for e, bundles, node in found}
 
 
 def section(text: str, head: str) -> list[str]:
