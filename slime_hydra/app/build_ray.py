@@ -100,7 +100,6 @@ def sglang_rollout(cfg: RunConfig, pg, layout, trainer, tokenizer, calls, output
     """`rollout.backend=sglang` under Ray: each engine's server started by an actor on its bundle
     (orchestration/sglang_engines.py), the router, client, weight sync and health monitor in this process."""
     from slime_hydra.orchestration.sglang_engines import RayLauncher, RaySGLangRollout, SaveThroughRank0
-
     from slime_hydra.rollout.sglang.sources import TENSOR, route_of
 
     c = cfg.cluster
