@@ -118,9 +118,13 @@ class WeightsRef:
     fetches them; a rollout manager of local engines takes the reference as is (OBJECT_STORE)."""
 
     def __init__(self, ref, calls: RayCalls):
+        """ref: one object ref, or a list of them (a snapshot's pipeline stages in order, each a rank's staged copy)."""
         self.ref, self.calls = ref, calls
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if isinstance(self.ref, list):
+            parts = self.calls.get(self.ref, "fetching the weights", [f"stage {s}" for s in range(len(self.ref))])
+            return iter([kv for part in parts for kv in part])
         return iter(self.calls.get(self.ref, "fetching the weights", ["rank 0"]))
 
     def snapshot(self) -> WeightsRef:
@@ -162,9 +166,14 @@ class RankWeights:
 
     def snapshot(self) -> RankWeights:
         """These weights, staged now into copies on the ranks that send them (training goes on before they are sent:
-        train_mode=async); rank 0 keeps one too, which iterating then reads instead of the ranks' live weights."""
-        self._stage(self._holders() | {0}, copy=True)
-        self._in_object_store = lambda: WeightsRef(self.ranks[0].staged_weights.remote(), self.calls)
+        train_mode=async); rank 0 keeps one too (and a rank of each later pipeline stage), which iterating then reads
+        instead of the ranks' live weights."""
+        leads = [0] + self.senders(0)[1:]
+        self._stage(self._holders() | set(leads), copy=True)
+        if len(leads) == 1:
+            self._in_object_store = lambda: WeightsRef(self.ranks[0].staged_weights.remote(), self.calls)
+        else:
+            self._in_object_store = lambda: WeightsRef([self.ranks[r].staged_weights.remote() for r in leads], self.calls)
         return self
 
     def _stage(self, holders: set[int], copy: bool) -> None:
