@@ -229,3 +229,25 @@ def test_colocated_engine_on_each_node_gets_its_nodes_rank(two_nodes, tmp_path):
         assert {host for _, host in r.group.launcher.nodes.values()} <= {"127.0.0.1"}
     finally:
         c.rollout.shutdown()
+
+
+@pytest.mark.slow
+def test_colocated_pipeline_stages_on_one_node_send_handles_per_stage(two_nodes, tmp_path):
+    """PP=2 colocated on one node (2 bundles; PACK keeps them together): engine e shares rank e's bundle and gets stage
+    0's handles from rank 0 and stage 1's from rank 1, both on its node, in one weight-update session; every sync equal,
+    no tensor through the driver."""
+    from slime_hydra.orchestration.rank_weights import RankWeights
+
+    args = [*COMMON, "parallelism.pipeline_model_parallel_size=2", "parallelism.tensor_model_parallel_size=1",
+            "cluster.rollout_num_gpus=2", "cluster.colocate=true"]
+    cfg, c = built(args, tmp_path, "colocated PP=2")
+    try:
+        with fetched_tensors(c.trainer) as fetched:
+            history = two_rollouts(cfg, c, tmp_path, "colocated PP=2")
+        r = c.rollout
+        assert r.mode == "tensor" and fetched == [0] and versions_of(history) == [0.0, 1.0] and r.synced_version == 2
+        assert isinstance(r._last_weights, RankWeights) and r._last_weights.engine_ranks == [[[0], [0]], [[1], [1]]]
+        rank_at, engine_at = observed(c)
+        assert {v["node"] for v in rank_at.values()} == {0} and (rank_at, engine_at) == planned(args, NODE_CPUS)
+    finally:
+        c.rollout.shutdown()
