@@ -100,13 +100,19 @@ def sglang_rollout(cfg: RunConfig, pg, layout, trainer, tokenizer, calls, output
     """`rollout.backend=sglang` under Ray: each engine's server started by an actor on its bundle
     (orchestration/sglang_engines.py), the router, client, weight sync and health monitor in this process."""
     from slime_hydra.orchestration.sglang_engines import RayLauncher, RaySGLangRollout, SaveThroughRank0
+    from slime_hydra.rollout.sglang.sources import TENSOR, route_of
 
     c = cfg.cluster
     offload = c.offload_rollout if c.offload_rollout is not None else c.colocate
+    driver_node_only = None  # the ranks send from every node; handles from the driver's memory open on its node only
+    if route_of(cfg.rollout.weight_sync, c.colocate) == TENSOR and trainer.engine_ranks is None:
+        driver_node_only = ("rollout.weight_sync=tensor posts handles to the driver's memory where the train ranks cannot "
+                            "(an engine without a rank of every pipeline stage on its node, or engines not colocated); set "
+                            "rollout.weight_sync=distributed, or cluster.actor_num_nodes=1 on a one-node cluster")
     released = bool(c.offload_train)  # the engines start beside a released trainer (docs/memory.md)
     return RaySGLangRollout(cfg.rollout, SaveThroughRank0(trainer, tokenizer), tokenizer, num_engines=len(layout.engine_bundles),
                             tp_size=c.rollout_num_gpus_per_engine, seed=cfg.seed, dtype=cfg.model.dtype,
                             output_dir=output_dir, colocate=c.colocate, offload=offload,
-                            device="cuda" if layout.use_gpu else "cpu", launcher=RayLauncher(pg, layout, calls),
+                            device="cuda" if layout.use_gpu else "cpu", launcher=RayLauncher(pg, layout, calls, driver_node_only),
                             on_shutdown=on_shutdown, starting=functools.partial(trainer_released, trainer, released),
                             keep_on_host=released, post_write=load_target(cfg.rollout.custom_update_weight_post_write))

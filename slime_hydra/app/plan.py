@@ -32,7 +32,7 @@ from slime_hydra.config.schema import RunConfig
 from slime_hydra.errors import ConfigError, Missing, UserError
 from slime_hydra.orchestration.checks import NOT_YET
 from slime_hydra.orchestration.placement import Layout, layout_problems, plan_layout, resolve_use_gpu
-from slime_hydra.orchestration.rank_weights import engine_ranks, feeder_ranks
+from slime_hydra.orchestration.senders import engine_ranks, feeder_ranks, megatron_stages
 from slime_hydra.rollout.sglang.checks import num_engines, weight_sync_mode
 
 USAGE = ("usage: slime-hydra plan [group=option ...] [key=value ...] [--gpus-per-node N] [--config-name NAME]\n"
@@ -64,7 +64,7 @@ def plan_text(overrides: list[str], config_name: str = "config", gpus_per_node: 
     nodes = Nodes.of(cfg, gpus_per_node)
     what = " ".join(overrides) or "the default config"
     lines = [f"plan of {what} (nothing started: no Ray, no model, no data read)"]
-    lines += cluster_lines(cfg, nodes) + train_lines(cfg, nodes) + rollout_lines(cfg, nodes) + memory.table(cfg) + sync_lines(cfg, nodes.layout)
+    lines += cluster_lines(cfg, nodes) + train_lines(cfg, nodes) + rollout_lines(cfg, nodes) + memory.table(cfg) + sync_lines(cfg, nodes)
     if missing:
         lines += ["missing (on this machine; a run needs them where it runs):"]
         lines += [f"  {m.key}: {m.path}" for m in missing]
@@ -191,8 +191,31 @@ def rollout_lines(cfg: RunConfig, nodes: Nodes) -> list[str]:
 
 
 # -- weight sync ---------------------------------------------------------------------------------
-def sync_lines(cfg: RunConfig, layout: Layout) -> list[str]:
-    c, r = cfg.cluster, cfg.rollout
+def planned_senders(cfg: RunConfig, nodes: Nodes) -> tuple[Optional[list], Optional[list]]:
+    """(engine_ranks, feeder_ranks) of orchestration/rank_weights.py on the planned nodes: per pipeline stage, the ranks
+    that send each engine that stage's tensors."""
+    layout = nodes.layout
+    world = len(layout.actor_bundles)
+    stages = megatron_stages(world, cfg.parallelism.pipeline_model_parallel_size) if cfg.train.backend == "megatron" else None
+    node = {b: nodes.where(b)[0] for b in range(layout.num_bundles)}
+    return (engine_ranks(layout.actor_bundles, layout.engine_bundles, stages, node),
+            feeder_ranks(world, len(layout.engine_bundles), stages, [node[b] for b in layout.actor_bundles],
+                         [node[bs[0]] for bs in layout.engine_bundles]))
+
+
+def _per_stage(senders: list, engine: int, word: str) -> str:
+    """`word` and the ranks of each stage that send engine `engine` its tensors ("rank 0"; "stage 0 rank 0 / stage 1 rank 2")."""
+    def one(x) -> str:
+        rs = x if isinstance(x, list) else [x]
+        return f"{word}{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
+
+    if len(senders) == 1:
+        return one(senders[0][engine])
+    return " / ".join(f"stage {s} {one(stage[engine])}" for s, stage in enumerate(senders))
+
+
+def sync_lines(cfg: RunConfig, nodes: Nodes) -> list[str]:
+    c, r, layout = cfg.cluster, cfg.rollout, nodes.layout
     if cfg.debug_rollout_only or cfg.load_debug_rollout_data:
         return ["weight sync: none (a debug split: nothing trains, or nothing generates)"]
     source = ("the trainer in this process" if c.backend != "ray" else
@@ -211,22 +234,24 @@ def sync_lines(cfg: RunConfig, layout: Layout) -> list[str]:
                             "NCCL on GPU; /update_weights_from_distributed)",
              "disk": "a safetensors file the driver writes, then each engine's /update_weights_from_disk"}[mode]
     megatron = cfg.train.backend == "megatron"
-    pp = cfg.parallelism.pipeline_model_parallel_size if megatron else 1
-    ranks = engine_ranks(layout.actor_bundles, layout.engine_bundles, pp)
-    feeders = feeder_ranks(len(layout.actor_bundles), len(layout.engine_bundles), pp)
+    ranks, feeders = planned_senders(cfg, nodes) if c.backend == "ray" else (None, None)
     by = "by the driver"
-    own = f"each train rank's own {'TP-gathered ' if megatron else ''}Hugging Face tensors, staged on its device (nothing through the object store)"
-    if mode == "tensor" and c.backend == "ray" and ranks is not None:  # orchestration/rank_weights.py
+    staged = "each pipeline stage's from its own ranks, " if megatron and cfg.parallelism.pipeline_model_parallel_size > 1 else ""
+    own = (f"each train rank's own {'TP-gathered ' if megatron else ''}Hugging Face tensors, {staged}staged on its device "
+           "(nothing through the object store)")
+    if mode == "tensor" and ranks is not None:  # orchestration/rank_weights.py
         source = own
-        route = (f"{buckets}, each serialised by the train rank(s) on the engine's bundles ("
-                 + "; ".join(f"engine {e}: rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}" for e, rs in enumerate(ranks))
+        where = "the train rank(s) on the engine's bundles" if len(ranks) == 1 else "train ranks of each stage on the engine's node"
+        route = (f"{buckets}, each serialised by {where} ("
+                 + "; ".join(f"engine {e}: {_per_stage(ranks, e, 'rank')}" for e in range(len(layout.engine_bundles)))
                  + ") as handles to their tensors (CUDA IPC on GPU, shared-memory files on CPU), posted to the engine's "
                  "/update_weights_from_tensor")
-    elif mode == "distributed" and c.backend == "ray" and feeders is not None:  # orchestration/rank_weights.py
+    elif mode == "distributed" and feeders is not None:  # orchestration/rank_weights.py
         source, by = own, "by the train ranks"
         backend = "NCCL from the rank's GPU" if layout.use_gpu else "gloo"
-        route = (f"{buckets} broadcast over one update group per engine ({backend}), its rank 0 the train rank that feeds it ("
-                 + "; ".join(f"engine {e}: rank {f}" for e, f in enumerate(feeders))
+        route = (f"{buckets} broadcast over one update group per engine and stage ({backend}), its rank 0 the train rank "
+                 "that feeds it, on the engine's node where it has one ("
+                 + "; ".join(f"engine {e}: {_per_stage(feeders, e, 'rank')}" for e in range(len(layout.engine_bundles)))
                  + "); that rank opens the group (a new one when the engine is relaunched) and posts each bucket's "
                  "/update_weights_from_distributed, while the driver pauses and continues the engine; engines fed by different "
                  "ranks receive at once")

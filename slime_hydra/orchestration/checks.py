@@ -3,14 +3,14 @@
 `cluster.backend=local` runs one train rank and one engine in the driver. `cluster.backend=ray` (app/build_ray.py)
 places torch train ranks or megatron train ranks (orchestration/megatron_group.py), PPO's critic inside either, and
 either `local` engines behind a rollout manager actor or SGLang engines whose servers Ray actors own
-(orchestration/sglang_engines.py) on the driver's node; any train backend with either rollout backend
-(tests/orchestration/test_megatron_sglang.py runs megatron ranks with SGLang engines). Weights reach the SGLang
-engines from the train ranks (orchestration/rank_weights.py): handles to their tensors when colocated, and over
-update groups the ranks open (NCCL on GPUs, gloo on CPU) otherwise; with megatron's PP>1 a rank holds one stage
-only, and the driver sends train rank 0's gathered tensors from the object store. Three cases are not driven yet
-and are refused here, with every key to change, rather than after data loading at launch: SGLang engines on more
-than one node; on GPUs, an update group with PP>1 (the driver, holding no GPU, would be rank 0: per-stage senders
-are not written); and on GPUs, an update group to colocated engines (NCCL refuses two ranks of a group on one GPU).
+(orchestration/sglang_engines.py) on every node of the placement
+(tests/orchestration/test_multi_node.py); any train backend with either rollout backend (tests/orchestration/
+test_megatron_sglang.py runs megatron ranks with SGLang engines). Weights reach the SGLang engines from the train ranks
+(orchestration/rank_weights.py), each pipeline stage's from a rank of that stage: handles to their tensors when
+colocated (from ranks on the engine's node), and over update groups the ranks open (NCCL on GPUs, gloo on CPU)
+otherwise. One case is not driven yet and is refused here, with every key to change, rather than after data loading
+at launch: on GPUs, an update group to colocated engines (NCCL refuses two ranks of a group on one GPU); and colocated
+engines over nodes that each hold only some pipeline stages (handles open only on their own node).
 The megatron layout against the ranks is checked beside that backend (training/megatron/checks.py); what the Ray
 cluster holds, at orchestration start (orchestration/placement.py), before any actor is built.
 
@@ -22,6 +22,8 @@ from __future__ import annotations
 from typing import Optional
 
 from slime_hydra.config.schema import ClusterConfig, ParallelismConfig, RolloutConfig, TrainConfig
+from slime_hydra.orchestration.placement import plan_layout
+from slime_hydra.orchestration.senders import engine_ranks, megatron_stages
 from slime_hydra.rollout.sglang.checks import weight_sync_mode
 from slime_hydra.training.megatron.checks import model_parallel_size
 
@@ -97,22 +99,21 @@ def check_ray_sglang(c: ClusterConfig, train_backend: str, rollout: RolloutConfi
     """SGLang engines under Ray: the pairings not driven yet (each refusal starts with NOT_YET)."""
     if c.backend != "ray" or rollout.backend != "sglang":
         return []
-    problems = []
-    if c.actor_num_nodes > 1:
-        # the engines share the driver's node: loopback URLs and update group, local files and memory for weights
-        problems.append(f"{NOT_YET} rollout.backend=sglang on cluster.actor_num_nodes={c.actor_num_nodes} nodes yet "
-                        "(the SGLang engines must share the driver's node): set cluster.actor_num_nodes=1, or "
-                        "rollout=local")
-    if weight_sync_mode(rollout.weight_sync, c.colocate) != "distributed" or c.device == "cpu":
-        return problems
+    mode = weight_sync_mode(rollout.weight_sync, c.colocate)
     pp = p.pipeline_model_parallel_size if train_backend == "megatron" else 1
-    if pp > 1:
-        problems.append(f"{NOT_YET} rollout.weight_sync=distributed (the default with cluster.colocate=false) with "
-                        f"parallelism.pipeline_model_parallel_size={pp} on cluster.device={c.device} yet (a "
-                        "rank holds one pipeline stage, so the driver would be the group's rank 0, and it holds no GPU): set "
-                        "parallelism.pipeline_model_parallel_size=1, rollout.weight_sync=disk, or cluster.device=cpu")
-    if c.colocate:
-        problems.append(f"{NOT_YET} rollout.weight_sync=distributed with cluster.colocate=true on cluster.device="
-                        f"{c.device} (a train rank and its engine share a GPU, and NCCL refuses two ranks of a group "
-                        "on one GPU): set rollout.weight_sync=auto (tensor when colocated), or cluster.colocate=false")
-    return problems
+    if mode == "tensor" and c.colocate and pp > 1 and c.actor_num_nodes > 1 and c.rollout_num_gpus is not None:
+        # the nodes as PACK fills them: actor_num_gpus_per_node bundles each, in bundle order
+        layout = plan_layout(c, use_gpu=False)
+        ranks = len(layout.actor_bundles)
+        node = {b: b // c.actor_num_gpus_per_node for b in range(layout.num_bundles)}
+        if engine_ranks(layout.actor_bundles, layout.engine_bundles, megatron_stages(ranks, pp), node) is None:
+            return [f"{NOT_YET} rollout.weight_sync=tensor (the default with cluster.colocate=true) with "
+                    f"parallelism.pipeline_model_parallel_size={pp} over cluster.actor_num_nodes={c.actor_num_nodes} nodes: "
+                    "megatron places each pipeline stage on nodes of its own, so an engine's node lacks the other stages' "
+                    "ranks, and handles to their tensors open only on their own node: set cluster.colocate=false (update "
+                    "groups reach other nodes), parallelism.pipeline_model_parallel_size=1, or cluster.actor_num_nodes=1"]
+    if mode != "distributed" or c.device == "cpu" or not c.colocate:
+        return []
+    return [f"{NOT_YET} rollout.weight_sync=distributed with cluster.colocate=true on cluster.device={c.device} (a train "
+            "rank and its engine share a GPU, and NCCL refuses two ranks of a group on one GPU): set "
+            "rollout.weight_sync=auto (tensor when colocated), or cluster.colocate=false"]

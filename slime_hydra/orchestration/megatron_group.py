@@ -7,20 +7,18 @@
 does not split batches: every megatron rank takes the whole batch and picks its data-parallel share itself,
 and every trainer method is a collective over the TP/PP/DP groups (a rank that skipped one would leave the
 others waiting in it), so every call goes to every rank. The backend returns the step's metrics, the SFT
-loss and log-probs on every rank (broadcast from the last pipeline stage), so rank 0 answers. Weights for the
-rollout engines are every stage's TP-gathered Hugging Face tensors, gathered onto the first stage: rank 0's
-result goes into the object store, and the rollout manager hands the reference to its engines (rollout=local) or, with
-PP>1, the driver fetches it and sends it to the SGLang engines in buckets (rollout=sglang: orchestration/sglang_engines.py). Checkpoints
-are the backend's: HF weights written by one rank per stage, and megatron's distributed format written by
-every rank (save_checkpoint / load_checkpoint: nothing of the trainer in the state files).
+loss and log-probs on every rank (broadcast from the last pipeline stage), so rank 0 answers. Weights for local rollout
+engines are every stage's TP-gathered Hugging Face tensors, gathered onto the first stage: rank 0's result goes into
+the object store, and the rollout manager hands the reference to its engines. Checkpoints are the backend's: HF
+weights written by one rank per stage, and megatron's distributed format written by every rank (save_checkpoint /
+load_checkpoint: nothing of the trainer in the state files).
 
-With PP=1 the SGLang engines get the weights from the ranks instead (orchestration/rank_weights.py): colocated ones
-as CUDA IPC handles of the ranks' own tensors on their GPUs, disaggregated ones over update groups the ranks open (NCCL
-on GPUs, gloo on CPU; engine e fed by rank e % ranks). Every wait has the deadline `cluster.ray_call_timeout_s`
-(orchestration/calls.py). PPO's critic lives in the ranks beside the policy (training/megatron/critic.py): `values` and
-the critic's steps inside `train_rollout` are collectives like the rest, its gradients summed over DP by megatron's DDP.
-Left out here: per-stage senders for PP>1 (each stage's lead rank would join the engine's update group; with PP>1 the
-driver sends, refused on GPUs at validation).
+SGLang engines get the weights from the ranks instead (orchestration/rank_weights.py), each pipeline stage's layers
+from a rank of that stage (the ranks report their stage at setup): colocated ones as handles (CUDA IPC on GPUs) from
+ranks on their node, disaggregated ones over update groups the ranks open, one per engine and stage (NCCL on GPUs,
+gloo on CPU). Every wait has the deadline `cluster.ray_call_timeout_s` (orchestration/calls.py). PPO's critic lives
+in the ranks beside the policy (training/megatron/critic.py): `values` and the critic's steps inside `train_rollout`
+are collectives like the rest, its gradients summed over DP by megatron's DDP.
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ from slime_hydra.config.schema import MegatronConfig, ModelConfig, ParallelismCo
 from slime_hydra.orchestration import stacks
 from slime_hydra.orchestration.calls import RayCalls
 from slime_hydra.orchestration.placement import Layout, node_ip_and_free_port, on_bundle
-from slime_hydra.orchestration.rank_weights import RankStage, RankWeights, WeightsRef, engine_ranks, feeder_ranks, weights_of
+from slime_hydra.orchestration.rank_weights import RankStage, RankWeights, WeightsRef, senders_of, weights_of
 from slime_hydra.orchestration.stacks import ActorProcess
 from slime_hydra.protocols import Route, TrainBatch
 from slime_hydra.training.distributed import collective_failures
@@ -69,6 +67,11 @@ class MegatronRank(RankStage):
         self.trainer = build_trainer(net.state_dict(), net.config, model, parallel, megatron, specs, temperature, self.device,
                                      seed=seed, distributed_timeout_s=distributed_timeout_s)
 
+    def pipeline_stage(self) -> int:
+        from megatron.core import parallel_state as ps  # megatron-core: imported in the rank only
+
+        return ps.get_pipeline_model_parallel_rank()
+
     def call(self, name: str, *args: Any) -> Any:
         """A collective of the call that times out (gloo; NCCL ends the process, see training/distributed.py) reaches
         the driver as a RunError naming the call, this rank and cluster.distributed_timeout_s, not gloo's traceback."""
@@ -97,9 +100,9 @@ class MegatronTrainGroup:
         world = len(layout.actor_bundles)
         self.calls, self.distributed_timeout_s, self.weight_route = calls, distributed_timeout_s, weight_route
         self.labels = [f"rank {r}" for r in range(world)]
-        self.layout = layout
-        self.engine_ranks: Optional[list[list[int]]] = None  # set by setup: the pipeline split decides too
-        self.feeders: Optional[list[int]] = None  # likewise: who broadcasts to each engine's update group
+        self.layout, self.pg = layout, pg
+        self.engine_ranks: Optional[list] = None  # set by setup: the pipeline split decides too (rank_weights.engine_ranks)
+        self.feeders: Optional[list] = None  # likewise: who broadcasts each stage to each engine's update group
         actor = ray.remote(MegatronRank)
         self.ranks = [actor.options(**layout.actor_options(), **on_bundle(pg, b)).remote(r, world, layout.use_gpu, num_threads)
                       for r, b in enumerate(layout.actor_bundles)]
@@ -110,9 +113,8 @@ class MegatronTrainGroup:
         self.calls.get([r.setup.remote(f"tcp://{ip}:{port}", self.distributed_timeout_s, model, parallel, specs, megatron,
                                        temperature, seed) for r in self.ranks],
                        "train setup (process group, megatron groups, model)", self.labels)
-        self.engine_ranks = engine_ranks(self.layout.actor_bundles, self.layout.engine_bundles,
-                                         parallel.pipeline_model_parallel_size)  # None: the object-store route
-        self.feeders = feeder_ranks(len(self.ranks), len(self.layout.engine_bundles), parallel.pipeline_model_parallel_size)
+        self.stages = self.calls.get([r.pipeline_stage.remote() for r in self.ranks], "the ranks' pipeline stages", self.labels)
+        self.engine_ranks, self.feeders = senders_of(self.pg, self.layout, self.stages)  # engine_ranks None: object store
 
     def _all(self, what: str, name: str, *args: Any) -> Any:
         """`name` on every rank (a collective); rank 0's answer."""
@@ -138,9 +140,9 @@ class MegatronTrainGroup:
         self._all("end of the warm start", "end_warm_start")
 
     def named_weights(self) -> WeightsRef | RankWeights:
-        """PP=1: the ranks' TP-gathered weights, staged on their devices and sent from there when the rollout's route is
-        one the ranks serve (orchestration/rank_weights.py). Otherwise, or when iterated: rank 0's gathered weights, left
-        in the object store (the rollout manager passes the reference on)."""
+        """Each stage's TP-gathered weights, staged on its ranks' devices and sent from there, stage by stage, when the
+        rollout's route is one the ranks serve (orchestration/rank_weights.py). Otherwise, or when iterated: rank 0's
+        weights of every stage, gathered onto it and left in the object store (the rollout manager passes the reference on)."""
         return weights_of(self.ranks, self.weight_route, self.engine_ranks, self.feeders, self.calls, self._in_object_store)
 
     def _in_object_store(self) -> WeightsRef:

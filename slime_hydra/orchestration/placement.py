@@ -176,6 +176,13 @@ def on_bundle(pg, index: int) -> dict:
     return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index)}
 
 
+def bundle_nodes(pg) -> dict[int, str]:
+    """Where Ray placed each bundle of the (ready) group: bundle index -> node id."""
+    from ray.util import placement_group_table
+
+    return {int(b): node for b, node in placement_group_table(pg)["bundles_to_node_id"].items()}
+
+
 def node_ip_and_free_port() -> tuple[str, int]:
     """Run inside rank 0: the address its process group listens on."""
     import ray

@@ -8,15 +8,18 @@ child (ManagedProcess: the server's process group gets SIGTERM when the actor di
 listens. A restart relaunches through the same actor, or through a new one on the same bundle if the actor
 died. Every wait on an actor is a RayCalls wait with `cluster.ray_call_timeout_s`.
 
-Weights come from the train ranks (orchestration/rank_weights.py, slime's routes; megatron with PP=1): colocated engines
-get handles to the tensors of the ranks on their own bundles (CUDA IPC on GPUs), the others a broadcast over an update
-group the feeding rank opens (NCCL on GPUs, gloo on CPU). Otherwise (megatron PP>1, disk sync) the driver fetches
-train rank 0's weights from the object store (every stage's TP-gathered HF tensors) and sends them as in one process.
+Weights come from the train ranks (orchestration/rank_weights.py, slime's routes; each pipeline stage's from a rank of
+that stage): colocated engines get handles to the tensors of ranks on their own node (CUDA IPC on GPUs), the others a
+broadcast over update groups the feeding ranks open (NCCL on GPUs, gloo on CPU). Otherwise (disk sync, local weights)
+the driver fetches train rank 0's weights from the object store and sends them as in one process.
 
-Same host only: the engines listen on the loopback, load the initial checkpoint from the driver's output
-directory and share tensors with it through local memory (and the update groups of
-`weight_sync=distributed` rendezvous on the loopback); an engine placed on another node is refused
-with the keys to change. On GPUs an engine of several bundles sees the GPUs of all its bundles
+Engines on every node: each engine's actor runs on its own bundle's node and its server listens there, on the
+loopback when that is the driver's node (nothing else reaches it) and on the node's IP otherwise, where the router in
+the driver reaches it (every request carries the run's API key). Such an engine loads the initial checkpoint from the
+driver's output directory and writes its log there (and disk sync writes there): on several machines that directory
+must be on a filesystem every node mounts, as slime's checkpoint paths are. Only handles posted from the driver's own
+memory (weight_sync=tensor where the ranks cannot send) need every engine on the driver's node; that is refused at
+launch with the keys to change. On GPUs an engine of several bundles sees the GPUs of all its bundles
 (CUDA_VISIBLE_DEVICES from a probe on each bundle, as slime does).
 """
 
@@ -43,16 +46,18 @@ class SGLangEngineActor:
         self.index = index
         self.process: Optional[ManagedProcess] = None
 
-    def where(self) -> tuple[str, int, list]:
-        """(node ip, this actor's pid, the GPU ids Ray gave it)."""
-        return ray.util.get_node_ip_address(), os.getpid(), [str(g) for g in ray.get_gpu_ids()]
+    def where(self) -> tuple[str, str, int, list]:
+        """(node id, node ip, this actor's pid, the GPU ids Ray gave it)."""
+        return (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid(),
+                [str(g) for g in ray.get_gpu_ids()])
 
-    def launch(self, argv: Argv, log_path: str, env: dict[str, str], port: Optional[int]) -> tuple[int, int]:
-        """Start the server on `port` (a free one if None) -> (its pid, the port)."""
+    def launch(self, argv: Argv, log_path: str, env: dict[str, str], port: Optional[int], host: str) -> tuple[int, int]:
+        """Start the server on `host`:`port` (a free port if None) -> (its pid, the port)."""
         if self.process is not None:
             self.process.stop(grace_s=2.0)
         port = port if port is not None else free_port()
-        self.process = ManagedProcess(f"sglang-engine-{self.index}", argv("127.0.0.1", port), Path(log_path), env).start()
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        self.process = ManagedProcess(f"sglang-engine-{self.index}", argv(host, port), Path(log_path), env).start()
         return self.process.pid, port
 
     def alive(self) -> bool:
@@ -78,7 +83,7 @@ class SGLangEngineActor:
 
 def probe_bundle() -> tuple[str, list]:
     """Run on one bundle: its node and the GPU ids Ray assigned there."""
-    return ray.util.get_node_ip_address(), [str(g) for g in ray.get_gpu_ids()]
+    return ray.get_runtime_context().get_node_id(), [str(g) for g in ray.get_gpu_ids()]
 
 
 class RemoteServer:
@@ -121,7 +126,7 @@ class RemoteServer:
     def log_tail(self, n: int = 30) -> str:
         try:
             return self.calls.get(self.actor.log_tail.remote(n), "server log", [self.label])
-        except RunError:  # the actor is gone: the file is on this host (engines share the driver's node)
+        except RunError:  # the actor is gone: the file is in the driver's output directory (a shared one across nodes)
             try:
                 return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
             except OSError:
@@ -129,14 +134,18 @@ class RemoteServer:
 
 
 class RayLauncher:
-    """engines.Launcher: engine e's server in an SGLangEngineActor on `layout.engine_bundles[e]`."""
+    """engines.Launcher: engine e's server in an SGLangEngineActor on `layout.engine_bundles[e]`, listening on the
+    loopback on the driver's node and on its node's IP elsewhere (where the router in the driver reaches it).
+    driver_node_only: why every engine must share the driver's node (the weights are handles to the driver's own
+    memory), or None."""
 
-    def __init__(self, pg, layout: Layout, calls: RayCalls):
-        self.pg, self.layout, self.calls = pg, layout, calls
+    def __init__(self, pg, layout: Layout, calls: RayCalls, driver_node_only: Optional[str] = None):
+        self.pg, self.layout, self.calls, self.driver_node_only = pg, layout, calls, driver_node_only
         self.actors: dict[int, object] = {}
         self.actor_pids: dict[int, int] = {}
         self.gpus: dict[int, list[str]] = {}
-        self.here = ray.util.get_node_ip_address()
+        self.nodes: dict[int, tuple[str, str]] = {}  # engine -> (node id, the host its server listens on)
+        self.here = ray.get_runtime_context().get_node_id()
 
     def _label(self, index: int) -> str:
         return f"sglang engine actor {index}"
@@ -145,7 +154,7 @@ class RayLauncher:
         bundles = self.layout.engine_bundles[index]
         actor = ray.remote(SGLangEngineActor).options(**self.layout.actor_options(), **on_bundle(self.pg, bundles[0]),
                                                       max_concurrency=1).remote(index)
-        node, pid, gpus = self.calls.get(actor.where.remote(), "starting the engine actor", [self._label(index)])
+        node, ip, pid, gpus = self.calls.get(actor.where.remote(), "starting the engine actor", [self._label(index)])
         if self.layout.use_gpu and len(bundles) > 1:  # the other bundles' GPUs: probed where Ray placed them
             probe = ray.remote(probe_bundle)
             found = self.calls.get([probe.options(num_cpus=0, num_gpus=0.01, **on_bundle(self.pg, b)).remote() for b in bundles[1:]],
@@ -155,13 +164,12 @@ class RayLauncher:
                 raise UserError(f"SGLang engine {index} spans bundles {list(bundles)} on more than one node; an engine of "
                                 f"cluster.rollout_num_gpus_per_engine GPUs must fit on one node: lower it to the GPUs per node")
             gpus = gpus + [g for _, ids in found for g in ids]
-        if node != self.here:
+        if node != self.here and self.driver_node_only:
             ray.kill(actor)
-            raise UserError(f"SGLang engine {index} was placed on node {node}, the driver runs on {self.here}: under "
-                            "cluster.backend=ray the engines must share the driver's node for now (the loopback, the output "
-                            "directory and local memory carry their weights); run on one node (cluster.actor_num_nodes=1 and "
-                            "a cluster whose node holds all bundles) or set cluster.backend=local")
+            raise UserError(f"SGLang engine {index} was placed on node {ip} ({node}), the driver runs on another: "
+                            f"{self.driver_node_only}")
         self.actors[index], self.actor_pids[index], self.gpus[index] = actor, pid, gpus
+        self.nodes[index] = (node, "127.0.0.1" if node == self.here else ip)
         return actor
 
     def launch(self, index: int, argv: Argv, log_path: Path, env: dict[str, str],
@@ -172,9 +180,10 @@ class RayLauncher:
             if self.layout.use_gpu:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus[index])
             try:
-                pid, port = self.calls.get(actor.launch.remote(argv, str(log_path), env, port), "launching the SGLang server",
-                                           [self._label(index)])
-                return RemoteServer(actor, pid, log_path, self.calls, self._label(index)), "127.0.0.1", port
+                host = self.nodes[index][1]
+                pid, port = self.calls.get(actor.launch.remote(argv, str(log_path), env, port, host),
+                                           "launching the SGLang server", [self._label(index)])
+                return RemoteServer(actor, pid, log_path, self.calls, self._label(index)), host, port
             except RunError:
                 if attempt:
                     raise

@@ -28,7 +28,7 @@ from slime_hydra.config.schema import ModelConfig
 from slime_hydra.orchestration import stacks
 from slime_hydra.orchestration.calls import RayCalls
 from slime_hydra.orchestration.placement import Layout, node_ip_and_free_port, on_bundle
-from slime_hydra.orchestration.rank_weights import RankStage, RankWeights, WeightsRef, engine_ranks, feeder_ranks, weights_of
+from slime_hydra.orchestration.rank_weights import RankStage, RankWeights, WeightsRef, senders_of, weights_of
 from slime_hydra.orchestration.stacks import ActorProcess
 from slime_hydra.protocols import Route, TrainBatch
 from slime_hydra.runtime import seed_everything
@@ -134,8 +134,8 @@ class TrainGroup:
         world = len(layout.actor_bundles)
         self.calls, self.distributed_timeout_s, self.weight_route = calls, distributed_timeout_s, weight_route
         self.labels = [f"rank {r}" for r in range(world)]
-        self.engine_ranks = engine_ranks(layout.actor_bundles, layout.engine_bundles)  # None: not colocated
-        self.feeders = feeder_ranks(world, len(layout.engine_bundles))  # who broadcasts to each engine's update group
+        # who sends to each engine: the ranks on its bundles (None: not colocated), the rank that opens its update group
+        self.engine_ranks, self.feeders = senders_of(pg, layout)
         actor = ray.remote(TrainRank)
         self.ranks = [actor.options(**layout.actor_options(), **on_bundle(pg, b)).remote(r, world, layout.use_gpu, num_threads,
                                                                                           tracking_uri, run_id)

@@ -19,6 +19,7 @@ import pytest
 from slime_hydra.app import plan
 from slime_hydra.app.preflight import compose_run
 from slime_hydra.errors import ConfigError
+from tests.support.plans import engines, ranks
 from tests.support.runs import EXPERIMENTS, ROOT, run_cli
 
 QWEN3_4B = "grpo/qwen3-4b-dapo-math-1n8g-megatron-sglang-colocate-v1"
@@ -27,29 +28,9 @@ AGENT = "agent/qwen3-4b-calculator-multiturn-1n8g-megatron-sglang-colocate-v1"
 ASYNC = "async/qwen3-4b-dapo-math-1n8g-megatron-sglang-async-v1"
 
 
-def ranks(text: str) -> dict[int, dict[str, int]]:
-    """The rank table: rank -> {node, bundle, GPU|CPU, TP, PP, DP}."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.split()[:3] == ["rank", "node", "bundle"])
-    head = lines[start].split()
-    out = {}
-    for line in lines[start + 1:]:
-        cells = line.split()
-        if not cells or not cells[0].isdigit():
-            break
-        out[int(cells[0])] = dict(zip(head[1:], map(int, cells[1:]), strict=True))
-    return out
-
-
 def groups(text: str, kind: str) -> list[list[int]]:
     line = next(line for line in text.splitlines() if line.startswith(f"  {kind} groups: "))
     return sorted(sorted(int(x) for x in g.split(",")) for g in re.findall(r"\[([\d, ]+)\]", line))
-
-
-def engines(text: str) -> dict[int, tuple[list[int], int]]:
-    """engine -> (its bundles, its node)."""
-    found = re.findall(r"^  engine (\d+): bundles \[([\d, ]+)\] \(node (\d+),", text, re.M)
-    return {int(e): ([int(b) for b in bundles.split(",")], int(node)) for e, bundles, node in found}
 
 
 def section(text: str, head: str) -> list[str]:
@@ -117,11 +98,14 @@ def test_disaggregated_async_plan():
     assert sync[1].startswith("  by the train ranks: ") and "(NCCL from the rank's GPU)" in sync[1], sync
     assert "(engine 0: rank 0; engine 1: rank 1; engine 2: rank 2; engine 3: rank 3)" in sync[1], sync
     assert section(text, "not runnable yet") == []
-    # with pipeline stages a rank holds one stage: the driver would be rank 0 of an NCCL group, and holds no GPU
+    # with pipeline stages (ranks 0, 1 stage 0; 2, 3 stage 1) each stage's rank opens its own group with the engine
     staged = plan.plan_text([f"experiment={ASYNC}", "parallelism.pipeline_model_parallel_size=2", "train.qkv_format=bshd",
                              "train.use_dynamic_batch_size=false"])  # the recipe's packing runs with TP/DP only
-    assert "  by the driver: " in staged and "the driver its rank 0" in staged
-    assert any("parallelism.pipeline_model_parallel_size=2" in line for line in section(staged, "not runnable yet"))
+    sync = section(staged, "weight sync: ")
+    assert sync[1].startswith("  by the train ranks: ") and "one update group per engine and stage" in sync[1], sync
+    assert ("(engine 0: stage 0 rank 0 / stage 1 rank 2; engine 1: stage 0 rank 1 / stage 1 rank 3; "
+            "engine 2: stage 0 rank 0 / stage 1 rank 2; engine 3: stage 0 rank 1 / stage 1 rank 3)") in sync[1], sync
+    assert "the driver its rank 0" not in staged and section(staged, "not runnable yet") == []
 
 
 def test_update_group_to_colocated_gpu_engines_is_not_runnable():
@@ -145,7 +129,14 @@ def test_two_nodes_with_pipeline_stages():
     assert want["PP"][:2] == [[0, 8], [1, 9]] and [0, 2, 4, 6] in want["DP"] and [9, 11, 13, 15] in want["DP"]
     assert engines(text) == {e: ([2 * e, 2 * e + 1], e // 4) for e in range(8)}
     assert "one placement group of 16 bundle(s)" in text
-    assert any("on cluster.actor_num_nodes=2 nodes" in line for line in section(text, "not runnable yet"))
+    # engines on both nodes are driven; colocated handles are not, where a node holds one stage's ranks only
+    (refusal,) = section(text, "not runnable yet")
+    assert "parallelism.pipeline_model_parallel_size=2 over cluster.actor_num_nodes=2 nodes" in refusal, refusal
+    assert "set cluster.colocate=false (update groups reach other nodes)" in refusal, refusal
+    apart = plan.plan_text([f"experiment={QWEN3_4B}", "cluster.actor_num_nodes=2", "parallelism.pipeline_model_parallel_size=2",
+                            "train.qkv_format=bshd", "train.use_dynamic_batch_size=false", "cluster.colocate=false",
+                            "cluster.rollout_num_gpus=8"])
+    assert section(apart, "not runnable yet") == []
 
 
 def test_missing_checkpoint_is_listed_not_fatal(tmp_path):

@@ -135,7 +135,7 @@ def assert_ranks_fed_the_engines(c, fetched: list) -> None:
 
     r = c.rollout
     assert r.mode == "distributed" and r._groups == {} and fetched == [], (r._groups, fetched)
-    assert isinstance(r._last_weights, RankWeights) and r._last_weights.feeders == [0, 1]
+    assert isinstance(r._last_weights, RankWeights) and r._last_weights.feeders == [[0, 1]]  # one pipeline stage
     for rank, e in ((0, 0), (1, 1)):
         assert list(rank_update_groups(c.trainer.ranks[rank])) == [e]
 
@@ -206,7 +206,7 @@ def test_colocated_syncs_from_tensors_every_update_equal(cluster, tmp_path):
         assert lp["tokens"] > 0 and lp["ray_vs_local"] < 1e-4 and lp["ray_vs_engine"] < 1e-2, lp
         assert_first_step_equal(lp)
         assert versions_of(history) == [0.0, 1.0] and r.weight_version == 2 == r.synced_version
-        assert isinstance(r._last_weights, RankWeights) and r._last_weights.engine_ranks == [[0], [1]]
+        assert isinstance(r._last_weights, RankWeights) and r._last_weights.engine_ranks == [[[0], [1]]]  # one pipeline stage
         assert_engines_hold_rank0s_weights(cfg, c)
     finally:
         c.rollout.shutdown()

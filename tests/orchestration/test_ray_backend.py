@@ -205,21 +205,22 @@ def test_ray_ppo_matches_in_process_ppo(ray_cluster, tmp_path):
 
 
 def test_ray_refuses_what_it_cannot_drive_at_validation(workdir):
-    """What Ray does not drive yet (on GPUs, the update group of disaggregated SGLang engines when megatron
-    splits the model into pipeline stages, so that the driver would have to open it; SGLang on several nodes) stops the
-    run at validation with exit 2, every key named at once, before Ray starts and before any data or model loads.
-    Megatron ranks with SGLang engines (tests/orchestration/test_megatron_sglang.py), each on its own
-    (tests/orchestration/test_megatron_group.py, tests/orchestration/test_sglang_engines.py) and PPO's critic on torch
-    ranks (test_ray_ppo_matches_in_process_ppo) and megatron ranks (test_megatron_group.py) are driven."""
+    """What Ray does not drive yet (colocated engines over nodes that each hold one pipeline stage's ranks: handles to
+    the other stage's tensors would have to cross nodes) stops the run at validation with exit 2, every key named at
+    once, before Ray starts and before any data or model loads. Megatron ranks with SGLang engines
+    (tests/orchestration/test_megatron_sglang.py), on two nodes and with pipeline stages (tests/orchestration/
+    test_multi_node.py), each on its own (tests/orchestration/test_megatron_group.py, tests/orchestration/
+    test_sglang_engines.py) and PPO's critic on torch ranks (test_ray_ppo_matches_in_process_ppo) and megatron ranks
+    (test_megatron_group.py) are driven."""
     proc = run_cli([*FAST, "logger=none", "num_rollout=1", "cluster.backend=ray", "train=megatron", "rollout=sglang",
-                    "algorithm=ppo", "cluster.colocate=false", "cluster.rollout_num_gpus=1", "cluster.actor_num_gpus_per_node=2",
+                    "algorithm=ppo", "cluster.colocate=true", "cluster.actor_num_nodes=2", "cluster.actor_num_gpus_per_node=1",
                     "parallelism.pipeline_model_parallel_size=2"], workdir, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert "cluster.backend=ray does not drive train.backend=megatron with rollout.backend=sglang" not in proc.stderr
-    assert ("cluster.backend=ray does not drive rollout.weight_sync=distributed (the default with cluster.colocate=false) with "
-            "parallelism.pipeline_model_parallel_size=2 on cluster.device=auto yet") in proc.stderr, proc.stderr[-3000:]
+    assert ("cluster.backend=ray does not drive rollout.weight_sync=tensor (the default with cluster.colocate=true) with "
+            "parallelism.pipeline_model_parallel_size=2 over cluster.actor_num_nodes=2 nodes") in proc.stderr, proc.stderr[-3000:]
+    assert "set cluster.colocate=false (update groups reach other nodes)" in proc.stderr
     assert "needs a critic" not in proc.stderr  # megatron has one (training/megatron/critic.py)
     assert "does not drive algorithm" not in proc.stderr
-    assert "cluster.device=cpu" in proc.stderr
     assert not (workdir / "outputs").exists() or not list((workdir / "outputs").rglob("checkpoints"))

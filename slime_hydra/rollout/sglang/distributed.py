@@ -13,7 +13,7 @@ CUDA (the device of the process holding the tensors: a rank's own GPU under Ray)
 One group per engine, not one for all: a restarted engine gets a new group without touching the
 others, and engines fed by different ranks receive at the same time (slime uses one group; on many
 engines that broadcasts once instead of once per engine). `UpdateGroups` keeps a process's groups.
-Left out: engines on other hosts (the master address is the loopback; it would be this host's IP).
+An engine on another host (a multi-node Ray placement) reaches rank 0 at rank 0's host IP, not the loopback.
 """
 
 from __future__ import annotations
@@ -35,15 +35,15 @@ _OPENED = itertools.count()  # groups opened by this process
 _OPENING = threading.Lock()  # torch's group registry is process-global: one group built at a time
 
 
-def open_rank0_group(backend: str, port: int, world_size: int, group_name: str, timeout_s: float):
-    """Rank 0 of a process group outside torch's default group, rendezvous at tcp://127.0.0.1:port.
+def open_rank0_group(backend: str, host: str, port: int, world_size: int, group_name: str, timeout_s: float):
+    """Rank 0 of a process group outside torch's default group, rendezvous at tcp://host:port (this process's host).
 
     The same torch calls SGLang's engine side makes (rendezvous, a store prefixed by the group name,
     a group built on that store), so both sides meet on the same keys; no sglang import here."""
     from torch.distributed import distributed_c10d as c10d
 
     timeout = datetime.timedelta(seconds=timeout_s)
-    store, rank, world_size = next(c10d.rendezvous(f"tcp://127.0.0.1:{port}", 0, world_size, timeout=timeout))
+    store, rank, world_size = next(c10d.rendezvous(f"tcp://{host}:{port}", 0, world_size, timeout=timeout))
     store.set_timeout(timeout)
     store = c10d.PrefixStore(group_name, store)
     pg, _ = c10d._new_process_group_helper(world_size, rank, [], c10d.Backend(backend), store, group_name=group_name,
@@ -78,8 +78,10 @@ def _result(t: threading.Thread, out: dict, what: str, timeout: float) -> dict:
 class UpdateGroup:
     """This process (rank 0) and one engine's tp ranks; `send` pushes named tensors to the engine."""
 
-    def __init__(self, url: Endpoint, tp_size: int, backend: str, timeout_s: float, name: str):
+    def __init__(self, url: Endpoint, tp_size: int, backend: str, timeout_s: float, name: str, master_address: str = "127.0.0.1"):
+        """master_address: where the engine reaches this process (the loopback on its own host, else this host's IP)."""
         self.url, self.tp_size, self.backend, self.timeout_s, self.name = url, tp_size, backend, timeout_s, name
+        self.master_address = master_address
         self.device = "cpu" if backend == "gloo" else "cuda"
         self.pg, self.pg_name = None, ""
 
@@ -87,12 +89,12 @@ class UpdateGroup:
         """A torch group name is taken for good in a process once used (the engine's too, whoever opened it): every group
         opened gets a new one, unique across the processes that feed the engine (the pid)."""
         port, self.pg_name = free_port(), f"{self.name}_{os.getpid()}_{next(_OPENED)}"
-        body = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 1 + self.tp_size,
+        body = {"master_address": self.master_address, "master_port": port, "rank_offset": 1, "world_size": 1 + self.tp_size,
                 "group_name": self.pg_name, "backend": self.backend}
         t, out = _post_in_thread(self.url, "/init_weights_update_group", body, self.timeout_s)
         try:
             with _OPENING:
-                self.pg = open_rank0_group(self.backend, port, 1 + self.tp_size, self.pg_name, self.timeout_s)
+                self.pg = open_rank0_group(self.backend, self.master_address, port, 1 + self.tp_size, self.pg_name, self.timeout_s)
         except Exception as e:
             t.join(self.timeout_s)
             detail = out.get("response").text[:300] if "response" in out else out.get("error")
@@ -150,12 +152,12 @@ def group_backend(device_type: str) -> str:
 
 
 def new_group(url: Endpoint, engine_index: int, launch: int, tp_size: int, device_type: str, timeout_s: float,
-              old: Optional[UpdateGroup] = None) -> UpdateGroup:
+              old: Optional[UpdateGroup] = None, master_address: str = "127.0.0.1") -> UpdateGroup:
     """The engine's group for this launch (a relaunched engine has none of the old one's state)."""
     name = f"slime_hydra_engine{engine_index}_launch{launch}"
     if old is not None and old.name == name:
         return old
-    return UpdateGroup(url, tp_size, group_backend(device_type), timeout_s, name)
+    return UpdateGroup(url, tp_size, group_backend(device_type), timeout_s, name, master_address)
 
 
 class UpdateGroups:
@@ -169,8 +171,10 @@ class UpdateGroups:
         self._lock = threading.Lock()
 
     def send(self, engine: int, url: Endpoint, launch: int, named_tensors: list[tuple[str, torch.Tensor]], version: int,
-             tp_size: int, buffer_bytes: int, dtype: str, timeout: float) -> int:
-        """All buckets to engine `engine` at `url` (paused by the caller) -> the number of requests."""
+             tp_size: int, buffer_bytes: int, dtype: str, timeout: float, master_address: str = "127.0.0.1") -> int:
+        """All buckets to engine `engine` at `url` (paused by the caller) -> the number of requests. master_address: where
+        the engine reaches this process (UpdateGroup)."""
         with self._lock:
-            self.groups[engine] = g = new_group(url, engine, launch, tp_size, self.device_type, timeout, self.groups.get(engine))
+            self.groups[engine] = g = new_group(url, engine, launch, tp_size, self.device_type, timeout, self.groups.get(engine),
+                                                master_address)
         return g.send(named_tensors, version, buffer_bytes, dtype)
