@@ -8,8 +8,7 @@ each micro-batch's loss is already divided by the whole step's denominator, so a
 backend's for any TP/PP/DP layout. With train.qkv_format=thd a micro-batch runs as one packed row (training/thd.py;
 PackedSeqParams, megatron's unfused THD rotary, model.SDPAttention one causal call per sample) and its outputs return
 to the padded layout.
-Left out: context parallelism (the SDPA core attention is single-rank along the sequence) and expert parallelism
-(convert.py).
+Left out: context parallelism (the SDPA core attention is single-rank along the sequence).
 """
 
 from __future__ import annotations
@@ -74,7 +73,10 @@ class MegatronRunner:
     def _load(self, gpt: torch.nn.Module, hf_weights) -> None:
         tp = ps.get_tensor_model_parallel_world_size()
         shard = convert.hf_to_megatron(convert.hub_names(hf_weights), self.model, tp_rank=ps.get_tensor_model_parallel_rank(),
-                                       tp_size=tp, v_pad=padded_vocab_size(self.vocab_size, tp), **self.layout)
+                                       tp_size=tp, v_pad=padded_vocab_size(self.vocab_size, tp), **self.layout,
+                                       ep_rank=ps.get_expert_model_parallel_rank(), ep_size=ps.get_expert_model_parallel_world_size(),
+                                       etp_rank=ps.get_expert_tensor_parallel_rank(),
+                                       etp_size=ps.get_expert_tensor_parallel_world_size())
         own = gpt.state_dict()
         missing = sorted(k for k in own if k not in shard and not k.endswith("_extra_state"))
         if missing:
@@ -136,13 +138,26 @@ class MegatronRunner:
         rows than DP ranks: skip_zero_advantage_samples with few samples kept) runs one row with its loss mask and
         advantages zeroed: it adds nothing to the loss, the gradients or the metrics, and it takes part in the step's
         collectives (the gradient reduction, the metric sums), which the other ranks would otherwise wait on until
-        cluster.distributed_timeout_s."""
+        cluster.distributed_timeout_s. With expert parallelism every DP rank runs as many micro-batches as the one with
+        the most (zeroed rows again), since each micro-batch's MoE layers are collectives of the EP group."""
         mine = self.dp_share(idx)
         if len(mine) or not len(idx):
-            return self.micro_batches(batch, mine)
+            mbs = self.micro_batches(batch, mine)
+        else:
+            mbs = [self._zero_micro_batch(batch, idx)]
+        if ps.get_expert_model_parallel_world_size() > 1 and len(idx):
+            # each micro-batch's MoE layers exchange tokens over the EP group (all-to-all): every DP rank (an EP group is
+            # made of DP ranks, and of TP ranks that share their micro-batches) runs the most micro-batches any one has
+            most = torch.tensor([len(mbs)], device=self.device)
+            dist.all_reduce(most, op=dist.ReduceOp.MAX, group=ps.get_data_parallel_group())
+            mbs += [self._zero_micro_batch(batch, idx) for _ in range(int(most) - len(mbs))]
+        return mbs
+
+    def _zero_micro_batch(self, batch: TrainBatch, idx: torch.Tensor) -> TrainBatch:
+        """One row of `idx` with its loss mask and advantages zeroed: it adds nothing to the loss, gradients or metrics."""
         (mb,) = self.micro_batches(batch, idx[:1])
         mb.loss_mask, mb.advantages = torch.zeros_like(mb.loss_mask), torch.zeros_like(mb.advantages)
-        return [mb]
+        return mb
 
     @staticmethod
     def dp_share(idx: torch.Tensor) -> torch.Tensor:

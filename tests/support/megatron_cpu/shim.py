@@ -89,4 +89,10 @@ def install() -> None:
 
     mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
     mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    def to_cpu(tensor, as_numpy=False, record_stream=False):  # the CPU tensor as numpy too: all_to_all's split sizes
+        return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
+
+    moe_utils.maybe_move_tensor_to_cpu = token_dispatcher.maybe_move_tensor_to_cpu = to_cpu
     _CudaToCpu().__enter__()  # stays active for the process
