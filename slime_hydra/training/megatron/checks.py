@@ -89,6 +89,10 @@ def check_experts(m: ModelConfig, p: ParallelismConfig) -> list[str]:
         problems.append(f"model.moe_token_dispatcher_type={m.moe_token_dispatcher_type}: megatron's allgather dispatcher "
                         "refuses variable sequence lengths, which this backend's micro-batches have; set "
                         "model.moe_token_dispatcher_type=alltoall")
+    if p.tensor_model_parallel_size > 1 and not p.sequence_parallel:
+        problems.append(f"parallelism.tensor_model_parallel_size={p.tensor_model_parallel_size} with an MoE model needs "
+                        "parallelism.sequence_parallel=true: megatron's MoE layer refuses to train tensor-parallel without "
+                        "it (each TP rank would route every token); set parallelism.sequence_parallel=true")
     if m.moe_router_dtype not in (None, "fp32", "fp64"):
         problems.append(f"model.moe_router_dtype={m.moe_router_dtype!r} is not one of [null, 'fp32', 'fp64'] (megatron's)")
     return problems

@@ -4,8 +4,9 @@
   tracker; before the coefficient), per MoE layer the mean over the step's micro-batches of every DP rank, then the mean
   over the MoE layers. It exists only when model.moe_aux_loss_coeff > 0 (megatron computes it only then).
 - `train/moe_expert_load_imbalance`: per MoE layer, the most tokens any expert received over the step divided by the
-  mean per expert (1 is perfectly balanced, num_experts / topk the worst), the largest over the layers. Every token the
-  routers saw counts, padding included.
+  mean per expert (1 is perfectly balanced, num_experts / topk the worst), the largest over the layers. Real tokens
+  only: the runner hands the routers the padding mask (runner.MegatronRunner._padding_mask), and the load-balancing loss
+  leaves padding out too, so both read the same under any layout.
 
 The gradient of the load-balancing loss: megatron scales it by each micro-batch's tokens and expects the main loss's
 gradients divided by the step's tokens (finalize_model_grads), while this backend's loss is already divided by the step's
@@ -42,6 +43,8 @@ class RouterLoad:
     def _count(self, router, inputs, output) -> None:
         if router.training and torch.is_grad_enabled():  # train steps only (log-probs run in eval, without grad)
             routing_map = output[1]  # [tokens, E] bool
+            if len(inputs) > 1 and inputs[1] is not None:  # the padding mask ([s, b], True on padding): real tokens only
+                routing_map = routing_map & ~inputs[1].reshape(-1, 1)
             self.counts[router.layer_number - 1] += routing_map.sum(0).double()
 
     def begin_step(self, num_micro_batches: int) -> None:

@@ -198,7 +198,19 @@ class MegatronRunner:
         if width > ids.shape[1]:
             ids = torch.nn.functional.pad(ids, (0, width - ids.shape[1]), value=0)
         pos = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
-        return model(input_ids=ids, position_ids=pos, attention_mask=None)
+        kw = {"padding_mask": self._padding_mask(mb, ids.shape[1])} if self.model.num_experts else {}
+        return model(input_ids=ids, position_ids=pos, attention_mask=None, **kw)
+
+    def _padding_mask(self, mb: TrainBatch, width: int) -> torch.Tensor:
+        """[n, width] True on padding (megatron's MoE convention): the routers' load-balancing loss and token counts leave
+        it out, so they do not depend on how far a layout pads. The first stage splits it over sequence parallelism
+        itself (GPTModel.forward); a later stage gets its own slice."""
+        real = mb.attention_mask.to(self.device).bool()
+        pad = torch.nn.functional.pad(~real, (0, width - real.shape[1]), value=True)
+        if self.parallel.sequence_parallel and not ps.is_pipeline_first_stage():
+            tp = ps.get_tensor_model_parallel_world_size()
+            pad = pad.chunk(tp, dim=1)[ps.get_tensor_model_parallel_rank()].contiguous()
+        return pad
 
     @staticmethod
     def _forward_packed(model, p: Packed) -> torch.Tensor:

@@ -10,7 +10,8 @@ import torch
 
 from tests.support.megatron_cpu import workers
 
-MOE = ["model=qwen3_tiny_moe", "model.num_layers=2"]  # 4 experts, top-2, the aux loss on (coefficient 1e-3)
+MOE = ["model=qwen3_tiny_moe", "model.num_layers=2", "train.num_steps_per_rollout=1"]  # 4 experts, top-2, aux loss 1e-3;
+# a rollout is one step of the 4 rows (2 micro-batches per rank at DP=2)
 LAYOUTS = {  # name -> (ranks, parallelism overrides)
     "ep2": (2, {"expert_model_parallel_size": 2}),  # DP=2, each rank 2 of the 4 experts
     "tp2_ep2": (4, {"tensor_model_parallel_size": 2, "expert_model_parallel_size": 2, "sequence_parallel": True}),

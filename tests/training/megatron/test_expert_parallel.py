@@ -1,7 +1,7 @@
 """Expert parallelism on CPU ranks over gloo: the tiny MoE (4 experts, top-2) with EP=2 (2 ranks: each holds 2 experts,
 tokens cross ranks by megatron's alltoall dispatcher) and TP=2 × EP=2 with sequence parallelism (4 ranks) gives the
-single process's numbers: log-probs, the first rollout's train metrics (the routers' load-balancing loss and expert load
-included), and the Hugging Face export after it, where every expert is gathered to its global name. A checkpoint written
+single process's numbers: log-probs, the first step's train metrics (the routers' load-balancing loss and expert load
+included), and the Hugging Face export after it (one step), where every expert is gathered to its global name. A checkpoint written
 under EP resumes bit-exact (megatron's sharded experts by global index)."""
 
 from __future__ import annotations
@@ -43,6 +43,6 @@ def test_expert_parallel_equals_one_process_and_resumes_bit_exact(name, one_proc
         assert torch.equal(got["resumed_after2"], got["after2"]), rank
     ours, ref = load_file(tmp_path / f"{name}_hf" / "model.safetensors"), load_file(one_dir / "ep1_hf" / "model.safetensors")
     assert sorted(ours) == sorted(ref) and "model.layers.1.mlp.experts.3.down_proj.weight" in ours
-    for k, t in ref.items():  # two Adam steps at lr 1e-3: an element whose gradient is near zero may move by a fraction
+    for k, t in ref.items():  # an Adam step at lr 1e-3: an element whose gradient is near zero may move by a fraction
         diff = (ours[k] - t).abs()  # of a step (lr × g / (sqrt(v) + eps)) on fp32 rounding; the rest to ~1e-8
         assert diff.max() < 1e-4 and diff.mean() < 1e-7, (k, float(diff.max()), float(diff.mean()))
