@@ -33,6 +33,7 @@ import torch
 
 from slime_hydra.config.schema import ModelConfig
 from slime_hydra.models.hf_check import moe_layer_pattern
+from slime_hydra.models.hf_names import hub_names  # noqa: F401  (convert.hub_names: the loader's view of HF weights)
 
 CONVERTIBLE = ("qwen3", "qwen2", "llama", "qwen3_moe", "deepseek_v3", "kimi_k2", "glm4")
 
@@ -112,25 +113,6 @@ def _mlp_rows(i: int, m: ModelConfig, experts: tuple[int | None, int] = (0, 1)) 
     if m.moe_shared_expert_intermediate_size:
         rows += _ffn_rows("mlp.shared_experts.", f"{p}shared_experts.")
     return rows
-
-
-def hub_names(hf: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
-    """transformers >= 5 keeps a MoE layer's experts fused in memory (`mlp.experts.gate_up_proj` [E, 2f, h],
-    `mlp.experts.down_proj` [E, h, f]); checkpoints and the rollout engines name each expert
-    (`mlp.experts.{e}.gate_proj.weight`, ...). This gives the latter view (tensor views, no copies)."""
-    if not any(k.endswith(".experts.gate_up_proj") for k in hf):
-        return hf
-    out: dict[str, torch.Tensor] = {}
-    for k, t in hf.items():
-        if k.endswith(".experts.gate_up_proj"):
-            for e in range(t.shape[0]):
-                out[f"{k[:-12]}{e}.gate_proj.weight"], out[f"{k[:-12]}{e}.up_proj.weight"] = t[e].chunk(2)
-        elif k.endswith(".experts.down_proj"):
-            for e in range(t.shape[0]):
-                out[f"{k[:-9]}{e}.down_proj.weight"] = t[e]
-        else:
-            out[k] = t
-    return out
 
 
 def _pack_qkv(q, k, v, m: ModelConfig):
