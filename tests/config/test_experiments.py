@@ -98,6 +98,9 @@ LAUNCHED_ELSEWHERE = {
     "agent/qwen3-tiny-calculator-cpu-local-torch-v1": ("tests/e2e/test_agent.py", "the CLI, 2 rollouts"),
     "grpo/qwen3-tiny-addition-cpu-sglang-torch-v1": ("tests/rollout/sglang/test_backend.py", "sglang_run: app.build + engine.loop, as the "
                                                      "CLI's session runs them, 50 rollouts through 2 CPU engines"),
+    # megatron-core needs the CPU shim, which `python -m slime_hydra` does not install
+    "grpo/qwen3-tiny-moe-addition-cpu-ray-ep2-megatron-v1": ("tests/training/megatron/test_moe_experiment.py", "the CLI under the "
+                                                             "CPU shim on the session's Ray head, 40 rollouts"),
 }
 CPU = [n for n in EXPERIMENTS if "cpu" in n]
 # the smallest run of the same shape (backends, algorithm, group size, micro-batches, warm start): 1 rollout of 16
