@@ -48,7 +48,8 @@ class RouterLoad:
             self.counts[router.layer_number - 1] += routing_map.sum(0).double()
 
     def begin_step(self, num_micro_batches: int) -> None:
-        """Collective over DP: zero the step's figures; the coefficient for the micro-batches of every DP rank."""
+        """Collective over DP: zero the step's figures; the coefficient for the real (not zeroed) micro-batches of every
+        DP rank."""
         self.counts.zero_()
         moe_utils.clear_aux_losses_tracker()
         total = torch.tensor([float(num_micro_batches)], device=self.device)

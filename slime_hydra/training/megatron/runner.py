@@ -157,6 +157,7 @@ class MegatronRunner:
         """One row of `idx` with its loss mask and advantages zeroed: it adds nothing to the loss, gradients or metrics."""
         (mb,) = self.micro_batches(batch, idx[:1])
         mb.loss_mask, mb.advantages = torch.zeros_like(mb.loss_mask), torch.zeros_like(mb.advantages)
+        mb.zero = True  # MoE: the routers take it as padding (forward), so it adds no load-balancing loss or expert load
         return mb
 
     @staticmethod
@@ -198,14 +199,21 @@ class MegatronRunner:
         if width > ids.shape[1]:
             ids = torch.nn.functional.pad(ids, (0, width - ids.shape[1]), value=0)
         pos = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
-        kw = {"padding_mask": self._padding_mask(mb, ids.shape[1])} if self.model.num_experts else {}
-        return model(input_ids=ids, position_ids=pos, attention_mask=None, **kw)
+        if not self.model.num_experts:
+            return model(input_ids=ids, position_ids=pos, attention_mask=None)
+        zero, coeff = getattr(mb, "zero", False), self.config.moe_aux_loss_coeff
+        self.config.moe_aux_loss_coeff = 0.0 if zero else coeff  # read by the routers during this forward
+        try:
+            return model(input_ids=ids, position_ids=pos, attention_mask=None, padding_mask=self._padding_mask(mb, ids.shape[1]))
+        finally:
+            self.config.moe_aux_loss_coeff = coeff
 
     def _padding_mask(self, mb: TrainBatch, width: int) -> torch.Tensor:
         """[n, width] True on padding (megatron's MoE convention): the routers' load-balancing loss and token counts leave
-        it out, so they do not depend on how far a layout pads. The first stage splits it over sequence parallelism
+        it out, so they do not depend on how far a layout pads; a zeroed micro-batch (_zero_micro_batch) is padding
+        throughout. The first stage splits it over sequence parallelism
         itself (GPTModel.forward); a later stage gets its own slice."""
-        real = mb.attention_mask.to(self.device).bool()
+        real = mb.attention_mask.to(self.device).bool() & (not getattr(mb, "zero", False))
         pad = torch.nn.functional.pad(~real, (0, width - real.shape[1]), value=True)
         if self.parallel.sequence_parallel and not ps.is_pipeline_first_stage():
             tp = ps.get_tensor_model_parallel_world_size()

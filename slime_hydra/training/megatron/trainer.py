@@ -137,7 +137,7 @@ class MegatronTrainBackend:
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         if self.router_load is not None:
-            self.router_load.begin_step(len(mbs))
+            self.router_load.begin_step(sum(not getattr(mb, "zero", False) for mb in mbs))
         outs = r.run(self.ddp, mbs, partial(self._loss, old_all=old_all, denom=denom, metric_mode=metric_mode,
                                             metric_denom=metric_denom), forward_only=False)
         m = r.step_metrics(outs)
@@ -190,7 +190,7 @@ class MegatronTrainBackend:
         self._sft_optimizer.zero_grad()
         mbs = r.share_micro_batches(batch, rows)
         if self.router_load is not None:
-            self.router_load.begin_step(len(mbs))
+            self.router_load.begin_step(sum(not getattr(mb, "zero", False) for mb in mbs))
         outs = r.run(self.ddp, mbs, loss_fn, forward_only=False)
         r.optimizer_step(self._sft_optimizer, lr)
         loss = r.sum_over_dp({"loss": sum(float(o["loss"]) for o in outs)})  # shares of the whole batch's denominator

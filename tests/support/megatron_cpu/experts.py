@@ -46,3 +46,9 @@ def moe_run(cfg, hf, parallel: dict, out_dir: str, tag: str) -> dict:
 def moe_spawn_main(rank: int, world: int, port: int, out_dir: str, name: str) -> None:
     cfg, _, hf = workers.rank_setup(rank, world, port, MOE)
     torch.save(moe_run(cfg, hf, LAYOUTS[name][1], out_dir, name), os.path.join(out_dir, f"{name}_rank{rank}.pt"))
+
+
+def one_kept_spawn_main(rank: int, world: int, port: int, out_dir: str, name: str) -> None:
+    """workers.one_kept_run (one kept row of the step's four) of the tiny MoE under LAYOUTS[name]."""
+    cfg, _, hf = workers.rank_setup(rank, world, port, [*MOE, *workers.ONE_KEPT])
+    torch.save(workers.one_kept_run(cfg, hf, LAYOUTS[name][1]), os.path.join(out_dir, f"one_kept_{name}_rank{rank}.pt"))

@@ -46,3 +46,21 @@ def test_expert_parallel_equals_one_process_and_resumes_bit_exact(name, one_proc
     for k, t in ref.items():  # an Adam step at lr 1e-3: an element whose gradient is near zero may move by a fraction
         diff = (ours[k] - t).abs()  # of a step (lr × g / (sqrt(v) + eps)) on fp32 rounding; the rest to ~1e-8
         assert diff.max() < 1e-4 and diff.mean() < 1e-7, (k, float(diff.max()), float(diff.mean()))
+
+
+@pytest.mark.integration
+def test_an_ep_rank_without_rows_completes_the_step_with_the_single_process_numbers(tmp_path):
+    """One kept row of four: at EP=2 (DP=2) one rank has no rows. It runs a zeroed micro-batch, which its MoE layers
+    need (each exchanges tokens with the other rank) and which the routers take as padding: no loss, no gradient, no
+    load-balancing loss or expert load of its own."""
+    shim.install()
+    cfg, _, hf = workers.tiny_setup([*experts.MOE, *workers.ONE_KEPT])
+    one = workers.one_kept_run(cfg, hf, {})
+    assert one["metrics"]["train/kept_samples"] == 1.0 and one["metrics"]["train/moe_aux_loss"] > 0
+    torch.multiprocessing.spawn(experts.one_kept_spawn_main, args=(2, free_port(), str(tmp_path), "ep2"), nprocs=2, join=True)
+    mask = workers.fixed_batch().loss_mask.bool()
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"one_kept_ep2_rank{rank}.pt")
+        for key in (*KEYS, "train/kept_samples"):
+            assert got["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-4, abs=1e-6), (rank, key)
+        assert (got["after"][mask] - one["after"][mask]).abs().max() < 1e-5, rank

@@ -24,7 +24,9 @@ def test_tiny_moe_experiment_learns_with_expert_parallelism_under_ray(tmp_path, 
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     acc = summary["eval/addition/accuracy"]
     report("moe_ep2_cli", eval_first=acc["first"], eval_last=acc["last"], eval_rise=acc["last"] - acc["first"])
-    # measured here (CPU, seed 1234): see the module's figures below
+    # measured here (2-core VM, seed 1234, 4 min 16 s through the CLI): held-out accuracy 0.495 -> 0.78 (evals at 0, 20,
+    # 40), rollout/reward_mean 0.41 -> 0.52 (max 0.58), train/moe_aux_loss 1.059 -> 1.050, train/moe_expert_load_imbalance
+    # 1.39 -> 1.50 (max 1.55)
     assert acc["count"] == 3 and acc["last"] >= acc["first"] + 0.1, acc
     aux, imbalance = summary["train/moe_aux_loss"], summary["train/moe_expert_load_imbalance"]
     # top-2 of 4 experts: a perfectly balanced router's loss is 1 (E · Σ f_i P_i with f_i = P_i = 1/4 · 2 / 2)
