@@ -136,6 +136,9 @@ def rank_coords(cfg: RunConfig, world: int) -> tuple[dict[str, list[list[int]]],
     p = cfg.parallelism
     sizes = (f"TP={p.tensor_model_parallel_size} PP={p.pipeline_model_parallel_size} CP={p.context_parallel_size} "
              f"EP={p.expert_model_parallel_size} -> DP={len(groups['dp'][0])}")
+    if "ep" in groups:  # the experts' grid over the same ranks: expert-TP × EP × expert-DP × PP
+        etp = len(groups["etp"][0])
+        sizes += f"; experts: ETP={etp} EP={p.expert_model_parallel_size} -> expert DP={world // (etp * len(groups['ep'][0]) * p.pipeline_model_parallel_size)}"
     return groups, f"train.backend=megatron: {sizes} (megatron's rank order {ORDER}: TP fastest)"
 
 
@@ -149,7 +152,7 @@ def train_lines(cfg: RunConfig, nodes: Nodes) -> list[str]:
     groups, how = rank_coords(cfg, world)
     share = "half of" if layout.colocate else "all of"
     lines = [f"train: {world} rank(s), one Ray actor each on {share} its bundle; {how}"]
-    kinds = [k for k in ("tp", "pp", "dp", "cp") if k in groups and (k != "cp" or len(groups[k][0]) > 1)]
+    kinds = [k for k in ("tp", "pp", "dp", "cp", "ep", "etp") if k in groups and (k not in ("cp", "etp") or len(groups[k][0]) > 1)]
     coords = {k: {r: i for g in groups[k] for i, r in enumerate(g)} for k in kinds}
     lines.append(("  rank  node  bundle  " + f"{kind:<5}" + "".join(f"{k.upper():<4}" for k in kinds)).rstrip())
     for r, b in enumerate(layout.actor_bundles):

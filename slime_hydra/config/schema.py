@@ -76,6 +76,7 @@ class ModelConfig:
     moe_router_topk_scaling_factor: Optional[float] = None
     moe_router_load_balancing_type: str = "aux_loss"  # aux_loss | seq_aux_loss | none
     moe_aux_loss_coeff: float = 0.0
+    moe_router_dtype: Optional[str] = "fp32"  # fp32 | fp64 | None (the model dtype: megatron's default)
     moe_grouped_gemm: bool = False
     moe_token_dispatcher_type: str = "allgather"  # allgather | alltoall
     # multi-latent attention (deepseek-v3, moonlight, kimi-k2)
@@ -148,6 +149,8 @@ class ParallelismConfig:
     pipeline_model_parallel_size: int = 1
     context_parallel_size: int = 1
     expert_model_parallel_size: int = 1
+    # the routed experts' own tensor-parallel size (EP ranks × this many shard them); None: tensor_model_parallel_size
+    expert_tensor_parallel_size: Optional[int] = None
     sequence_parallel: bool = False
     use_distributed_optimizer: bool = False  # megatron's ZeRO-1 style sharded optimizer state
     recompute_activations: bool = False  # megatron's shorthand for recompute_granularity=selective

@@ -14,8 +14,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def hf_config_kwargs(model: ModelConfig, vocab_size: int, pad_id: int, eos_id: int) -> dict:
-    """Schema fields -> transformers Qwen3/Llama config kwargs."""
-    return dict(
+    """Schema fields -> transformers Qwen3/Llama config kwargs (Qwen3-MoE: its experts too)."""
+    moe = {} if not (model.num_experts and model.architecture == "qwen3_moe") else dict(
+        num_experts=model.num_experts, num_experts_per_tok=model.moe_router_topk, moe_intermediate_size=model.moe_ffn_hidden_size,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=model.moe_aux_loss_coeff)
+    return moe | dict(
         vocab_size=vocab_size,
         hidden_size=model.hidden_size,
         intermediate_size=model.ffn_hidden_size,

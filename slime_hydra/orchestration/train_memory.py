@@ -84,6 +84,11 @@ class Layout:
     ep: int = 1
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
+    etp: int = 0  # the routed experts' tensor-parallel size; 0: tp (megatron's default)
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
 
     @property
     def dp(self) -> int:
@@ -92,15 +97,16 @@ class Layout:
 
     @property
     def expert_dp(self) -> int:
-        """Expert parameters' optimizer shards: the ranks holding the same experts (expert TP = TP)."""
-        return max(self.world // (self.pp * self.ep * self.tp), 1)
+        """Expert parameters' optimizer shards: the ranks holding the same experts."""
+        return max(self.world // (self.pp * self.ep * self.expert_tp), 1)
 
     @staticmethod
     def of(p: ParallelismConfig, world: int, megatron: bool) -> "Layout":
         if not megatron:
             return Layout(world)
         return Layout(world, p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size,
-                      p.expert_model_parallel_size, p.sequence_parallel, p.use_distributed_optimizer)
+                      p.expert_model_parallel_size, p.sequence_parallel, p.use_distributed_optimizer,
+                      p.expert_tensor_parallel_size or 0)
 
 
 def moe_pattern(m: ModelConfig) -> list[int]:
@@ -155,7 +161,7 @@ def rank_params(m: ModelConfig, lay: Layout, vocab: int, head: Optional[int] = N
         dense = sum(split // lay.tp + whole + (mats * h * m.ffn_hidden_size // lay.tp if not moe else
                     h * m.num_experts + mats * h * (m.moe_shared_expert_intermediate_size or 0) // lay.tp)
                     for moe in layers)
-        expert = sum(moe for moe in layers) * (m.num_experts or 0) // lay.ep * mats * h * (m.moe_ffn_hidden_size or 0) // lay.tp
+        expert = sum(moe for moe in layers) * (m.num_experts or 0) // lay.ep * mats * h * (m.moe_ffn_hidden_size or 0) // lay.expert_tp
         first, last = s == 0, s == lay.pp - 1
         dense += v_pad * h // lay.tp if first else 0  # the word embedding
         if last:

@@ -15,6 +15,7 @@ from typing import Iterable
 
 import torch
 
+from slime_hydra.models.hf_names import hub_names
 from slime_hydra.rollout.decoders import Decoder, PackedDecoder, TransformersDecoder
 from slime_hydra.rollout.sampling import sample_tokens
 from slime_hydra.types import Sample, SamplingParams, Status
@@ -125,7 +126,7 @@ class LocalRollout:
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        params = dict(self.model.named_parameters())
+        params = hub_names(dict(self.model.named_parameters()))  # per-expert names write into fused MoE experts (views)
         for name, tensor in named_tensors:
             params[name].copy_(tensor)
         self.weight_version = version

@@ -26,6 +26,7 @@ QWEN3_4B = "grpo/qwen3-4b-dapo-math-1n8g-megatron-sglang-colocate-v1"
 GLM4_9B = "grpo/glm4-9b-dapo-math-1n8g-megatron-sglang-colocate-v1"
 AGENT = "agent/qwen3-4b-calculator-multiturn-1n8g-megatron-sglang-colocate-v1"
 ASYNC = "async/qwen3-4b-dapo-math-1n8g-megatron-sglang-async-v1"
+QWEN3_30B = "grpo/qwen3-30b-a3b-dapo-math-2n8g-megatron-sglang-colocate-v1"
 
 
 def groups(text: str, kind: str) -> list[list[int]]:
@@ -106,6 +107,21 @@ def test_disaggregated_async_plan():
     assert ("(engine 0: stage 0 rank 0 / stage 1 rank 2; engine 1: stage 0 rank 1 / stage 1 rank 3; "
             "engine 2: stage 0 rank 0 / stage 1 rank 2; engine 3: stage 0 rank 1 / stage 1 rank 3)") in sync[1], sync
     assert "the driver its rank 0" not in staged and section(staged, "not runnable yet") == []
+
+
+def test_expert_parallel_groups_of_the_30b_a3b_plan():
+    """TP=4 × EP=8 with whole experts (ETP=1) on 2 nodes × 8: the dense grid is r = tp + 4·dp (DP=4); the experts' grid
+    is r = ep + 8·edp (expert TP 1, EP varies fastest), so each node's 8 consecutive ranks form one EP group (16 of the
+    128 experts each) and expert DP is 2 (rank r and r + 8 hold the same experts)."""
+    text = plan.plan_text([f"experiment={QWEN3_30B}"])
+    table = ranks(text)
+    assert Counter(r["node"] for r in table.values()) == {0: 8, 1: 8}
+    assert all((r["TP"], r["DP"], r["EP"], r["node"]) == (rank % 4, rank // 4, rank % 8, rank // 8) for rank, r in table.items())
+    assert groups(text, "EP") == [list(range(8)), list(range(8, 16))]
+    assert groups(text, "TP") == [[4 * d + t for t in range(4)] for d in range(4)]
+    assert groups(text, "DP") == [[t + 4 * d for d in range(4)] for t in range(4)]
+    assert "experts: ETP=1 EP=8 -> expert DP=2" in text
+    assert engines(text) == {0: (list(range(8)), 0), 1: (list(range(8, 16)), 1)}
 
 
 def test_update_group_to_colocated_gpu_engines_is_not_runnable():

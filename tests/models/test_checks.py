@@ -84,10 +84,33 @@ def test_every_zoo_option_validates_with_megatron(option):
 def test_megatron_moe_limits_name_the_keys():
     with pytest.raises(ConfigError) as e:
         preflight(["model=qwen3_30b_a3b", "train=megatron", "model.moe_grouped_gemm=true",
-                   "parallelism.expert_model_parallel_size=2"])
+                   "parallelism.expert_model_parallel_size=3", "parallelism.tensor_model_parallel_size=2",
+                   "model.moe_token_dispatcher_type=allgather", "parallelism.expert_tensor_parallel_size=5"])
     text = str(e.value)
     assert "set model.moe_grouped_gemm=false" in text
-    assert "set parallelism.expert_model_parallel_size=1" in text
+    assert "parallelism.expert_model_parallel_size=3 must divide model.num_experts=128" in text
+    assert "parallelism.expert_tensor_parallel_size=5 must divide model.moe_ffn_hidden_size=768" in text
+    assert "set model.moe_token_dispatcher_type=alltoall" in text
+    assert "set parallelism.sequence_parallel=true" in text
+
+
+def test_expert_parallelism_is_accepted_where_megatron_runs_it():
+    (cfg,) = preflight(["model=qwen3_30b_a3b", "train=megatron", "parallelism.expert_model_parallel_size=8",
+                     "parallelism.tensor_model_parallel_size=4", "parallelism.sequence_parallel=true",
+                     "parallelism.expert_tensor_parallel_size=1", "cluster.backend=ray", "cluster.actor_num_gpus_per_node=8",
+                     "cluster.device=cpu"])
+    assert cfg.parallelism.expert_model_parallel_size == 8
+
+
+def test_expert_layout_and_dense_models_name_the_keys():
+    with pytest.raises(ConfigError) as e:  # 6 ranks: the experts' grid ETP × EP × PP = 1 × 4 × 1 does not divide them
+        preflight(["model=qwen3_30b_a3b", "train=megatron", "parallelism.expert_model_parallel_size=4",
+                   "parallelism.expert_tensor_parallel_size=1", "cluster.backend=ray", "cluster.actor_num_gpus_per_node=6",
+                   "cluster.device=cpu"])
+    assert "= 1 × 4 × 1 = 4 must divide the train ranks" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        preflight(["train=megatron", "parallelism.expert_model_parallel_size=2"])
+    assert "model.num_experts=null" in str(e.value) and "set them to 1 / null" in str(e.value)
 
 
 def test_parallel_layout_errors_name_the_keys():

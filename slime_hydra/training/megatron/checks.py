@@ -35,9 +35,7 @@ def check(model: ModelConfig, parallelism: ParallelismConfig, train: TrainConfig
     if cp > 1:
         problems.append(f"parallelism.context_parallel_size={cp}: context parallelism needs Transformer Engine's attention, "
                         "which this backend does not use; set parallelism.context_parallel_size=1")
-    if ep > 1:  # the HF<->Megatron converter (convert.py) places every expert on every rank
-        problems.append(f"parallelism.expert_model_parallel_size={ep}: expert parallelism is not supported by this "
-                        "backend's weight conversion yet; set parallelism.expert_model_parallel_size=1")
+    problems += check_experts(m, p)
     if p.sequence_parallel and tp == 1:  # megatron's TransformerConfig refuses it too
         problems.append("parallelism.sequence_parallel=true splits the sequence over the tensor-parallel ranks, and "
                         "parallelism.tensor_model_parallel_size=1 has one; set tensor_model_parallel_size>1 or "
@@ -66,6 +64,37 @@ def check(model: ModelConfig, parallelism: ParallelismConfig, train: TrainConfig
     problems += check_convertible(m)
     if m.hf_checkpoint:
         problems += check_hf_config(m, m.hf_checkpoint)
+    return problems
+
+
+def check_experts(m: ModelConfig, p: ParallelismConfig) -> list[str]:
+    """Expert parallelism against the model: EP splits the routed experts, the expert-TP size their matrices; megatron's
+    alltoall dispatcher is the one that takes this backend's variable sequence lengths."""
+    ep, etp = p.expert_model_parallel_size, p.expert_tensor_parallel_size
+    problems = []
+    if etp is not None and etp < 1:
+        problems.append(f"parallelism.expert_tensor_parallel_size={etp} must be >= 1 (or null: the tensor-parallel size)")
+    if not m.num_experts:
+        if ep > 1 or etp is not None:
+            problems.append(f"parallelism.expert_model_parallel_size={ep} / expert_tensor_parallel_size={etp} apply to MoE "
+                            f"models and model={m.name} has no experts (model.num_experts=null); set them to 1 / null")
+        return problems
+    if m.num_experts % ep:
+        problems.append(f"parallelism.expert_model_parallel_size={ep} must divide model.num_experts={m.num_experts} (each "
+                        "EP rank holds an equal share of the routed experts)")
+    if etp and etp >= 1 and m.moe_ffn_hidden_size and m.moe_ffn_hidden_size % etp:
+        problems.append(f"parallelism.expert_tensor_parallel_size={etp} must divide model.moe_ffn_hidden_size="
+                        f"{m.moe_ffn_hidden_size}")
+    if m.moe_token_dispatcher_type != "alltoall":
+        problems.append(f"model.moe_token_dispatcher_type={m.moe_token_dispatcher_type}: megatron's allgather dispatcher "
+                        "refuses variable sequence lengths, which this backend's micro-batches have; set "
+                        "model.moe_token_dispatcher_type=alltoall")
+    if p.tensor_model_parallel_size > 1 and not p.sequence_parallel:
+        problems.append(f"parallelism.tensor_model_parallel_size={p.tensor_model_parallel_size} with an MoE model needs "
+                        "parallelism.sequence_parallel=true: megatron's MoE layer refuses to train tensor-parallel without "
+                        "it (each TP rank would route every token); set parallelism.sequence_parallel=true")
+    if m.moe_router_dtype not in (None, "fp32", "fp64"):
+        problems.append(f"model.moe_router_dtype={m.moe_router_dtype!r} is not one of [null, 'fp32', 'fp64'] (megatron's)")
     return problems
 
 
@@ -169,9 +198,22 @@ def check_layout(p: ParallelismConfig, c: ClusterConfig) -> list[str]:
         where = f"cluster.actor_num_nodes × cluster.actor_num_gpus_per_node = {c.actor_num_nodes} × {c.actor_num_gpus_per_node} = {ranks}"
     else:
         ranks, where = 1, "cluster.backend=local: 1"
+    problems = _check_expert_layout(p, ranks, where) if ranks >= 1 and ranks % block == 0 else []
     if ranks < 1 or ranks % block == 0:
-        return []
+        return problems
     return [f"parallelism.tensor_model_parallel_size × pipeline_model_parallel_size × context_parallel_size = "
             f"{p.tensor_model_parallel_size} × {p.pipeline_model_parallel_size} × {p.context_parallel_size} = {block} "
             f"must divide the train ranks ({where}); set cluster.actor_num_gpus_per_node to a multiple of {block}"
             + (" with cluster.backend=ray" if c.backend != "ray" else "") + " or lower the parallel sizes"]
+
+
+def _check_expert_layout(p: ParallelismConfig, ranks: int, where: str) -> list[str]:
+    """megatron's second grid: expert-TP × EP × PP must divide the ranks (what is left is the experts' data parallel)."""
+    ep = p.expert_model_parallel_size
+    etp = p.expert_tensor_parallel_size or p.tensor_model_parallel_size
+    grid = etp * ep * p.pipeline_model_parallel_size
+    if min(ep, etp) < 1 or ranks % grid == 0:
+        return []
+    return [f"parallelism.expert_tensor_parallel_size × expert_model_parallel_size × pipeline_model_parallel_size = "
+            f"{etp} × {ep} × {p.pipeline_model_parallel_size} = {grid} must divide the train ranks ({where}); lower "
+            "parallelism.expert_model_parallel_size or expert_tensor_parallel_size, or add ranks"]

@@ -17,8 +17,11 @@ Megatron's local GPTModel names and layouts (per pipeline stage, layers numbered
   output_layer.weight                      [V_pad/tp, h]  (untied, or the last stage's copy when tied with PP>1)
 HF names are the checkpoints' (`model.layers.i.self_attn.q_proj.weight`, one name per expert), so an
 export loads with `from_pretrained` and feeds the rollout engine's weight update by name.
-Left out: expert parallelism (EP>1 would place a subset of experts per rank) and grouped-GEMM
-expert layouts (TE / grouped_gemm): `check_convertible` says so before anything loads.
+Expert parallelism: EP rank r holds global experts r*E_local .. (r+1)*E_local-1 as local_experts.0 .. E_local-1
+(megatron's SequentialMLP numbering), each sharded over the expert-tensor-parallel group (expert_tensor_parallel_size;
+shared experts follow TP). An export names every global expert: the caller hands megatron_to_hf a mapping whose
+`local_experts.{e}` keys are global (export.py gathers them over the EP group, one local index at a time).
+Left out: grouped-GEMM expert layouts (TE / grouped_gemm): `check_convertible` says so before anything loads.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import torch
 
 from slime_hydra.config.schema import ModelConfig
 from slime_hydra.models.hf_check import moe_layer_pattern
+from slime_hydra.models.hf_names import hub_names  # noqa: F401  (convert.hub_names: the loader's view of HF weights)
 
 CONVERTIBLE = ("qwen3", "qwen2", "llama", "qwen3_moe", "deepseek_v3", "kimi_k2", "glm4")
 
@@ -47,11 +51,13 @@ def check_convertible(m: ModelConfig) -> list[str]:
     return problems
 
 
-def _layer_rows(i: int, m: ModelConfig) -> list[tuple[str, tuple[str, ...], str]]:
-    """(megatron suffix, HF names, kind) of layer i; kind says how the tensor is sharded / packed."""
+def _layer_rows(i: int, m: ModelConfig, experts: tuple[int, int] = (0, 1)) -> list[tuple[str, tuple[str, ...], str]]:
+    """(megatron suffix, HF names, kind) of layer i; kind says how the tensor is sharded / packed (an `e_` kind: over the
+    expert-tensor-parallel group). experts: (EP rank, EP size) whose local experts the rows name (import), or (None,
+    EP size): every global expert under its global index, in local-index-major order (export)."""
     p = f"model.layers.{i}."
     rows = [("input_layernorm.weight", (p + "input_layernorm.weight",), "copy"), *_attention_rows(i, m),
-            ("pre_mlp_layernorm.weight", (p + "post_attention_layernorm.weight",), "copy"), *_mlp_rows(i, m)]
+            ("pre_mlp_layernorm.weight", (p + "post_attention_layernorm.weight",), "copy"), *_mlp_rows(i, m, experts)]
     if m.post_self_attn_layernorm:  # glm4 (model.PostNormSelfAttention / PostNormMLP)
         rows += [("self_attention.post_self_attn_layernorm.weight", (p + "post_self_attn_layernorm.weight",), "copy"),
                  ("mlp.post_mlp_layernorm.weight", (p + "post_mlp_layernorm.weight",), "copy")]
@@ -79,43 +85,34 @@ def _attention_rows(i: int, m: ModelConfig) -> list[tuple[str, tuple[str, ...], 
     return rows
 
 
-def _ffn_rows(meg: str, hf: str, fused_gate_up: bool = False) -> list[tuple[str, tuple[str, ...], str]]:
+def _ffn_rows(meg: str, hf: str, fused_gate_up: bool = False, expert: bool = False) -> list[tuple[str, tuple[str, ...], str]]:
+    e = "e_" if expert else ""
     fc1 = (f"{meg}linear_fc1.weight", (f"{hf}gate_up_proj.weight",), "fc1_fused") if fused_gate_up else (
-        f"{meg}linear_fc1.weight", (f"{hf}gate_proj.weight", f"{hf}up_proj.weight"), "fc1")
-    return [fc1, (f"{meg}linear_fc2.weight", (f"{hf}down_proj.weight",), "row")]
+        f"{meg}linear_fc1.weight", (f"{hf}gate_proj.weight", f"{hf}up_proj.weight"), e + "fc1")
+    return [fc1, (f"{meg}linear_fc2.weight", (f"{hf}down_proj.weight",), e + "row")]
 
 
-def _mlp_rows(i: int, m: ModelConfig) -> list[tuple[str, tuple[str, ...], str]]:
+def expert_order(num_experts: int, ep_rank: int | None, ep_size: int) -> list[tuple[int, int]]:
+    """(megatron local_experts index, HF global expert) pairs: EP rank r's own (local j is global r*E_local+j), or with
+    ep_rank None every global expert as (global, global), local index j of every rank before j+1 (export order)."""
+    n = num_experts // ep_size
+    if ep_rank is not None:
+        return [(j, ep_rank * n + j) for j in range(n)]
+    return [(r * n + j, r * n + j) for j in range(n) for r in range(ep_size)]
+
+
+def _mlp_rows(i: int, m: ModelConfig, experts: tuple[int | None, int] = (0, 1)) -> list[tuple[str, tuple[str, ...], str]]:
     p = f"model.layers.{i}.mlp."
     if not m.num_experts or not moe_layer_pattern(m.moe_layer_freq, m.num_layers)[i]:
         return _ffn_rows("mlp.", p, fused_gate_up=m.architecture == "glm4")
     rows = [("mlp.router.weight", (p + "gate.weight",), "copy")]
     if m.moe_router_enable_expert_bias:
         rows.append(("mlp.router.expert_bias", (p + "gate.e_score_correction_bias",), "copy"))
-    for e in range(m.num_experts):  # SequentialMLP: one dense MLP per expert (expert_model_parallel_size=1)
-        rows += _ffn_rows(f"mlp.experts.local_experts.{e}.", f"{p}experts.{e}.")
+    for j, e in expert_order(m.num_experts, *experts):  # SequentialMLP: one dense MLP per expert
+        rows += _ffn_rows(f"mlp.experts.local_experts.{j}.", f"{p}experts.{e}.", expert=True)
     if m.moe_shared_expert_intermediate_size:
         rows += _ffn_rows("mlp.shared_experts.", f"{p}shared_experts.")
     return rows
-
-
-def hub_names(hf: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
-    """transformers >= 5 keeps a MoE layer's experts fused in memory (`mlp.experts.gate_up_proj` [E, 2f, h],
-    `mlp.experts.down_proj` [E, h, f]); checkpoints and the rollout engines name each expert
-    (`mlp.experts.{e}.gate_proj.weight`, ...). This gives the latter view (tensor views, no copies)."""
-    if not any(k.endswith(".experts.gate_up_proj") for k in hf):
-        return hf
-    out: dict[str, torch.Tensor] = {}
-    for k, t in hf.items():
-        if k.endswith(".experts.gate_up_proj"):
-            for e in range(t.shape[0]):
-                out[f"{k[:-12]}{e}.gate_proj.weight"], out[f"{k[:-12]}{e}.up_proj.weight"] = t[e].chunk(2)
-        elif k.endswith(".experts.down_proj"):
-            for e in range(t.shape[0]):
-                out[f"{k[:-9]}{e}.down_proj.weight"] = t[e]
-        else:
-            out[k] = t
-    return out
 
 
 def _pack_qkv(q, k, v, m: ModelConfig):
@@ -138,26 +135,32 @@ def _pad_vocab(w, v_pad: int):
 
 
 def hf_to_megatron(hf: Mapping[str, torch.Tensor], m: ModelConfig, *, tp_rank: int, tp_size: int, layer_offset: int,
-                   num_local_layers: int, pre_process: bool, post_process: bool, v_pad: int) -> dict[str, torch.Tensor]:
-    """This rank's shard of every tensor, keyed by the local GPTModel's state-dict names."""
+                   num_local_layers: int, pre_process: bool, post_process: bool, v_pad: int, ep_rank: int = 0, ep_size: int = 1,
+                   etp_rank: int | None = None, etp_size: int | None = None) -> dict[str, torch.Tensor]:
+    """This rank's shard of every tensor, keyed by the local GPTModel's state-dict names: its TP shard, and of the routed
+    experts its EP rank's own, each its expert-TP shard (etp: default the TP rank and size)."""
+    etp_rank, etp_size = (tp_rank, tp_size) if etp_size is None else (etp_rank, etp_size)
     shard = lambda t, dim=0: t.chunk(tp_size, dim=dim)[tp_rank].contiguous()  # noqa: E731
+    eshard = lambda t, dim=0: t.chunk(etp_size, dim=dim)[etp_rank].contiguous()  # noqa: E731
     out: dict[str, torch.Tensor] = {}
     if pre_process:
         out["embedding.word_embeddings.weight"] = shard(_pad_vocab(hf["model.embed_tokens.weight"], v_pad))
     for j in range(num_local_layers):
-        for suffix, names, kind in _layer_rows(layer_offset + j, m):
+        for suffix, names, kind in _layer_rows(layer_offset + j, m, (ep_rank, ep_size)):
             ts = [hf[n] for n in names]
+            cut = eshard if kind.startswith("e_") else shard
+            kind = kind.removeprefix("e_")
             if kind == "copy":
                 t = ts[0]
             elif kind == "row":
-                t = shard(ts[0], 1)
+                t = cut(ts[0], 1)
             elif kind == "col":
                 t = shard(ts[0], 0)
             elif kind == "qkv":
                 t = shard(_pack_qkv(*ts, m))  # contiguous query groups per rank
             else:  # fc1: gate and up are split separately, then stacked per rank
                 gate, up = ts[0].chunk(2) if kind == "fc1_fused" else ts
-                t = torch.cat([shard(gate), shard(up)])
+                t = torch.cat([cut(gate), cut(up)])
             out[f"decoder.layers.{j}.{suffix}"] = t
     if post_process:
         out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
@@ -169,23 +172,29 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], m: ModelConfig, *, tp_rank: i
 
 def megatron_to_hf(local: Mapping[str, torch.Tensor], m: ModelConfig, *, gather: Callable[[torch.Tensor, int], torch.Tensor],
                    tp_size: int, layer_offset: int, num_local_layers: int, pre_process: bool, post_process: bool,
-                   vocab_size: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """Full HF tensors of this pipeline stage. `gather(t, dim)` concatenates the TP shards along dim."""
+                   vocab_size: int, ep_size: int = 1, gather_expert: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
+                   etp_size: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Full HF tensors of this pipeline stage. `gather(t, dim)` concatenates the TP shards along dim, `gather_expert` a
+    routed expert's expert-TP shards (default: gather, tp_size). With ep_size > 1, `local` holds every global expert
+    under `local_experts.{global index}` (read in expert_order's export order)."""
+    gather_expert, etp_size = (gather, tp_size) if gather_expert is None else (gather_expert, etp_size)
     if pre_process:
         yield "model.embed_tokens.weight", gather(local["embedding.word_embeddings.weight"], 0)[:vocab_size]
     for j in range(num_local_layers):
-        for suffix, names, kind in _layer_rows(layer_offset + j, m):
+        for suffix, names, kind in _layer_rows(layer_offset + j, m, (None if ep_size > 1 else 0, ep_size)):
             t = local[f"decoder.layers.{j}.{suffix}"]
+            join, n_shards = (gather_expert, etp_size) if kind.startswith("e_") else (gather, tp_size)
+            kind = kind.removeprefix("e_")
             if kind == "copy":
                 yield names[0], t
             elif kind == "row":
-                yield names[0], gather(t, 1)
+                yield names[0], join(t, 1)
             elif kind == "col":
                 yield names[0], gather(t, 0)
             elif kind == "qkv":
                 yield from zip(names, _unpack_qkv(gather(t, 0), m))
             else:  # fc1: each rank holds [gate_r; up_r]
-                shards = gather(t, 0).chunk(tp_size)
+                shards = join(t, 0).chunk(n_shards)
                 gate = torch.cat([s.chunk(2)[0] for s in shards])
                 up = torch.cat([s.chunk(2)[1] for s in shards])
                 if kind == "fc1_fused":

@@ -155,6 +155,7 @@ def transformer_config(m: ModelConfig, p: ParallelismConfig) -> TransformerConfi
         init_method_std=m.init_std,
         tensor_model_parallel_size=p.tensor_model_parallel_size, pipeline_model_parallel_size=p.pipeline_model_parallel_size,
         context_parallel_size=p.context_parallel_size, expert_model_parallel_size=p.expert_model_parallel_size,
+        expert_tensor_parallel_size=p.expert_tensor_parallel_size or p.tensor_model_parallel_size,
         sequence_parallel=p.sequence_parallel, params_dtype=dtype, pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         recompute_granularity=granularity, recompute_method=p.recompute_method, recompute_num_layers=p.recompute_num_layers,
@@ -175,7 +176,7 @@ def transformer_config(m: ModelConfig, p: ParallelismConfig) -> TransformerConfi
                    moe_router_group_topk=m.moe_router_group_topk, moe_router_topk_scaling_factor=m.moe_router_topk_scaling_factor,
                    moe_router_load_balancing_type=m.moe_router_load_balancing_type, moe_aux_loss_coeff=m.moe_aux_loss_coeff,
                    moe_grouped_gemm=m.moe_grouped_gemm, moe_token_dispatcher_type=m.moe_token_dispatcher_type,
-                   moe_router_dtype="fp32")
+                   moe_router_dtype=m.moe_router_dtype)
     if m.multi_latent_attention:
         return MLATransformerConfig(**kw, q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank, qk_head_dim=m.qk_head_dim,
                                     qk_pos_emb_head_dim=m.qk_pos_emb_head_dim, v_head_dim=m.v_head_dim, rotary_base=m.rotary_base,

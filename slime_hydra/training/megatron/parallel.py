@@ -23,11 +23,24 @@ ORDER = "tp-cp-ep-dp-pp"
 
 
 def rank_groups(p: ParallelismConfig, world_size: int) -> dict[str, list[list[int]]]:
-    """{"tp"|"cp"|"dp"|"pp": the rank groups} that initialize_model_parallel builds for `p` on `world_size` ranks
-    (megatron's own RankGenerator, no process group): what `slime-hydra plan` prints (app/plan.py)."""
-    tp, pp, cp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size
+    """{"tp"|"cp"|"dp"|"pp"|"ep"|"etp": the rank groups} that initialize_model_parallel builds for `p` on `world_size`
+    ranks (megatron's own RankGenerators, no process group): what `slime-hydra plan` prints (app/plan.py). The experts'
+    grid is megatron's second one: expert-TP × EP × expert-DP × PP over the same ranks (EP taken out of data parallel)."""
+    tp, pp, cp, ep = (p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size,
+                      p.expert_model_parallel_size)
+    etp = expert_tensor_parallel_size(p)
     gen = ps.RankGenerator(tp=tp, ep=1, dp=world_size // (tp * pp * cp), pp=pp, cp=cp, order=ORDER)
-    return {kind: gen.get_ranks(kind) for kind in ("tp", "cp", "dp", "pp")}
+    groups = {kind: gen.get_ranks(kind) for kind in ("tp", "cp", "dp", "pp")}
+    if ep > 1:
+        expert = ps.RankGenerator(tp=etp, ep=ep, dp=world_size // (etp * ep * pp), pp=pp, cp=1, order=ORDER,
+                                  rank_offset=0)
+        groups |= {"ep": expert.get_ranks("ep"), "etp": expert.get_ranks("tp")}
+    return groups
+
+
+def expert_tensor_parallel_size(p: ParallelismConfig) -> int:
+    """parallelism.expert_tensor_parallel_size, None meaning megatron's default: the tensor-parallel size."""
+    return p.expert_tensor_parallel_size or p.tensor_model_parallel_size
 
 
 def _free_port() -> int:
@@ -49,7 +62,8 @@ def init_parallel(p: ParallelismConfig, seed: int, backend: str, timeout_s: floa
     ps.initialize_model_parallel(tensor_model_parallel_size=p.tensor_model_parallel_size,
                                  pipeline_model_parallel_size=p.pipeline_model_parallel_size,
                                  context_parallel_size=p.context_parallel_size,
-                                 expert_model_parallel_size=p.expert_model_parallel_size, order=ORDER,
+                                 expert_model_parallel_size=p.expert_model_parallel_size,
+                                 expert_tensor_parallel_size=expert_tensor_parallel_size(p), order=ORDER,
                                  # megatron types it int, but only builds timedelta(minutes=...) from it: a fraction
                                  # keeps the key's seconds (rounding made cluster.distributed_timeout_s=3 wait 60 s)
                                  distributed_timeout_minutes=timeout_s / 60)  # type: ignore[arg-type]

@@ -8,8 +8,7 @@ each micro-batch's loss is already divided by the whole step's denominator, so a
 backend's for any TP/PP/DP layout. With train.qkv_format=thd a micro-batch runs as one packed row (training/thd.py;
 PackedSeqParams, megatron's unfused THD rotary, model.SDPAttention one causal call per sample) and its outputs return
 to the padded layout.
-Left out: context parallelism (the SDPA core attention is single-rank along the sequence) and expert parallelism
-(convert.py).
+Left out: context parallelism (the SDPA core attention is single-rank along the sequence).
 """
 
 from __future__ import annotations
@@ -74,7 +73,10 @@ class MegatronRunner:
     def _load(self, gpt: torch.nn.Module, hf_weights) -> None:
         tp = ps.get_tensor_model_parallel_world_size()
         shard = convert.hf_to_megatron(convert.hub_names(hf_weights), self.model, tp_rank=ps.get_tensor_model_parallel_rank(),
-                                       tp_size=tp, v_pad=padded_vocab_size(self.vocab_size, tp), **self.layout)
+                                       tp_size=tp, v_pad=padded_vocab_size(self.vocab_size, tp), **self.layout,
+                                       ep_rank=ps.get_expert_model_parallel_rank(), ep_size=ps.get_expert_model_parallel_world_size(),
+                                       etp_rank=ps.get_expert_tensor_parallel_rank(),
+                                       etp_size=ps.get_expert_tensor_parallel_world_size())
         own = gpt.state_dict()
         missing = sorted(k for k in own if k not in shard and not k.endswith("_extra_state"))
         if missing:
@@ -136,13 +138,27 @@ class MegatronRunner:
         rows than DP ranks: skip_zero_advantage_samples with few samples kept) runs one row with its loss mask and
         advantages zeroed: it adds nothing to the loss, the gradients or the metrics, and it takes part in the step's
         collectives (the gradient reduction, the metric sums), which the other ranks would otherwise wait on until
-        cluster.distributed_timeout_s."""
+        cluster.distributed_timeout_s. With expert parallelism every DP rank runs as many micro-batches as the one with
+        the most (zeroed rows again), since each micro-batch's MoE layers are collectives of the EP group."""
         mine = self.dp_share(idx)
         if len(mine) or not len(idx):
-            return self.micro_batches(batch, mine)
+            mbs = self.micro_batches(batch, mine)
+        else:
+            mbs = [self._zero_micro_batch(batch, idx)]
+        if ps.get_expert_model_parallel_world_size() > 1 and len(idx):
+            # each micro-batch's MoE layers exchange tokens over the EP group (all-to-all): every DP rank (an EP group is
+            # made of DP ranks, and of TP ranks that share their micro-batches) runs the most micro-batches any one has
+            most = torch.tensor([len(mbs)], device=self.device)
+            dist.all_reduce(most, op=dist.ReduceOp.MAX, group=ps.get_data_parallel_group())
+            mbs += [self._zero_micro_batch(batch, idx) for _ in range(int(most) - len(mbs))]
+        return mbs
+
+    def _zero_micro_batch(self, batch: TrainBatch, idx: torch.Tensor) -> TrainBatch:
+        """One row of `idx` with its loss mask and advantages zeroed: it adds nothing to the loss, gradients or metrics."""
         (mb,) = self.micro_batches(batch, idx[:1])
         mb.loss_mask, mb.advantages = torch.zeros_like(mb.loss_mask), torch.zeros_like(mb.advantages)
-        return [mb]
+        mb.zero = True  # MoE: the routers take it as padding (forward), so it adds no load-balancing loss or expert load
+        return mb
 
     @staticmethod
     def dp_share(idx: torch.Tensor) -> torch.Tensor:
@@ -183,7 +199,26 @@ class MegatronRunner:
         if width > ids.shape[1]:
             ids = torch.nn.functional.pad(ids, (0, width - ids.shape[1]), value=0)
         pos = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
-        return model(input_ids=ids, position_ids=pos, attention_mask=None)
+        if not self.model.num_experts:
+            return model(input_ids=ids, position_ids=pos, attention_mask=None)
+        zero, coeff = getattr(mb, "zero", False), self.config.moe_aux_loss_coeff
+        self.config.moe_aux_loss_coeff = 0.0 if zero else coeff  # read by the routers during this forward
+        try:
+            return model(input_ids=ids, position_ids=pos, attention_mask=None, padding_mask=self._padding_mask(mb, ids.shape[1]))
+        finally:
+            self.config.moe_aux_loss_coeff = coeff
+
+    def _padding_mask(self, mb: TrainBatch, width: int) -> torch.Tensor:
+        """[n, width] True on padding (megatron's MoE convention): the routers' load-balancing loss and token counts leave
+        it out, so they do not depend on how far a layout pads; a zeroed micro-batch (_zero_micro_batch) is padding
+        throughout. The first stage splits it over sequence parallelism
+        itself (GPTModel.forward); a later stage gets its own slice."""
+        real = mb.attention_mask.to(self.device).bool() & (not getattr(mb, "zero", False))
+        pad = torch.nn.functional.pad(~real, (0, width - real.shape[1]), value=True)
+        if self.parallel.sequence_parallel and not ps.is_pipeline_first_stage():
+            tp = ps.get_tensor_model_parallel_world_size()
+            pad = pad.chunk(tp, dim=1)[ps.get_tensor_model_parallel_rank()].contiguous()
+        return pad
 
     @staticmethod
     def _forward_packed(model, p: Packed) -> torch.Tensor:

@@ -23,6 +23,7 @@ import torch
 
 from slime_hydra.algorithms import losses as L
 from slime_hydra.config.schema import MegatronConfig, ModelConfig, ParallelismConfig
+from slime_hydra.models.hf_check import moe_layer_pattern
 from slime_hydra.protocols import InProcessWeights, TrainBatch
 from slime_hydra.training.base import shaping_kl
 from slime_hydra.training.gpu_memory import device_used, release_figures, step_figures
@@ -30,6 +31,7 @@ from slime_hydra.training.megatron import convert
 from slime_hydra.training.megatron.critic import MegatronCritic
 from slime_hydra.training.megatron.export import HFExport
 from slime_hydra.training.megatron.parallel import init_parallel
+from slime_hydra.training.megatron.router_load import RouterLoad
 from slime_hydra.training.megatron.runner import MegatronRunner
 from slime_hydra.training.offload import HostOffload, module_tensors, optimizer_tensors
 from slime_hydra.training.optim import SKIPPED_STEPS
@@ -74,6 +76,9 @@ class MegatronTrainBackend:
         self.critic = MegatronCritic(runner, policy, critic, loss) if critic is not None else None
         self.schedule = RolloutSchedule.of(loss, runner.batch, critic)
         self.offload = HostOffload()  # cluster.offload_train: release_memory / resume_memory
+        m = runner.model  # MoE: the routers' load-balancing loss and expert load per step (router_load.py)
+        self.router_load = RouterLoad(policy, runner.config, m.num_layers, m.num_experts, moe_layer_pattern(m.moe_layer_freq, m.num_layers),
+                                      m.moe_aux_loss_coeff, runner.device) if m.num_experts else None
 
     def freeze_reference(self) -> None:
         """After any warm start: snapshot the KL reference, and start the critic from the policy's body."""
@@ -131,9 +136,13 @@ class MegatronTrainBackend:
             self.hooks.before_train_step(self.schedule.rollouts_trained, int(idx[0]) // len(idx), [self.ddp], self.optimizer)
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
+        if self.router_load is not None:
+            self.router_load.begin_step(sum(not getattr(mb, "zero", False) for mb in mbs))
         outs = r.run(self.ddp, mbs, partial(self._loss, old_all=old_all, denom=denom, metric_mode=metric_mode,
                                             metric_denom=metric_denom), forward_only=False)
         m = r.step_metrics(outs)
+        if self.router_load is not None:
+            m |= self.router_load.metrics()
         m["train/grad_norm"] = r.optimizer_step(self.optimizer, self.lr_at(self.steps_done) * self.optim.lr)
         m[SKIPPED_STEPS] = float(r.last_step_skipped)
         self.steps_done += 1
@@ -179,7 +188,10 @@ class MegatronTrainBackend:
         rows = torch.arange(batch.num_samples)
         self.ddp.zero_grad_buffer()
         self._sft_optimizer.zero_grad()
-        outs = r.run(self.ddp, r.share_micro_batches(batch, rows), loss_fn, forward_only=False)
+        mbs = r.share_micro_batches(batch, rows)
+        if self.router_load is not None:
+            self.router_load.begin_step(sum(not getattr(mb, "zero", False) for mb in mbs))
+        outs = r.run(self.ddp, mbs, loss_fn, forward_only=False)
         r.optimizer_step(self._sft_optimizer, lr)
         loss = r.sum_over_dp({"loss": sum(float(o["loss"]) for o in outs)})  # shares of the whole batch's denominator
         return r.from_last_stage(loss["loss"])

@@ -89,4 +89,40 @@ def install() -> None:
 
     mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
     mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    def to_cpu(tensor, as_numpy=False, record_stream=False):  # the CPU tensor as numpy too: all_to_all's split sizes
+        return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
+
+    moe_utils.maybe_move_tensor_to_cpu = token_dispatcher.maybe_move_tensor_to_cpu = to_cpu
+    _uneven_collectives()
     _CudaToCpu().__enter__()  # stays active for the process
+
+
+def _uneven_collectives() -> None:
+    """gloo's all_gather and reduce_scatter take equal sizes only; megatron's alltoall dispatcher with TP and sequence
+    parallelism gathers and scatters each TP rank's routed tokens, uneven counts (NCCL takes them). The same results
+    from collectives gloo has: padded to the largest and cut back, and a full all_reduce cut to this rank's part."""
+    import torch.distributed as dist
+
+    all_gather, reduce_scatter = dist.all_gather, dist.reduce_scatter
+
+    def uneven_all_gather(tensor_list, tensor, group=None, async_op=False):
+        sizes = [t.shape[0] for t in tensor_list]
+        if len(set(sizes)) == 1 and tensor.shape[0] == sizes[0]:
+            return all_gather(tensor_list, tensor, group=group, async_op=async_op)
+        most = max(sizes)
+        padded = [tensor.new_empty(most, *tensor.shape[1:]) for _ in sizes]
+        mine = torch.cat([tensor, tensor.new_zeros(most - tensor.shape[0], *tensor.shape[1:])])
+        all_gather(padded, mine, group=group)
+        for out, p, n in zip(tensor_list, padded, sizes):
+            out.copy_(p[:n])
+
+    def uneven_reduce_scatter(output, input_list, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        if len({t.shape for t in input_list}) == 1:
+            return reduce_scatter(output, input_list, op=op, group=group, async_op=async_op)
+        full = torch.cat(input_list)
+        dist.all_reduce(full, op=op, group=group)
+        output.copy_(full.split([t.shape[0] for t in input_list])[dist.get_rank(group)])
+
+    dist.all_gather, dist.reduce_scatter = uneven_all_gather, uneven_reduce_scatter

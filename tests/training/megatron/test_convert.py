@@ -101,3 +101,48 @@ def test_logits_match_transformers(built, megatron_logprobs, family):
     # yarn factor 40, glm4; 7.2e-5 for moonlight, whose router scores pass through a sigmoid of larger logits)
     assert (megatron_logprobs[family][mask] - ref[mask]).abs().max() < 2e-4
     assert megatron_logprobs[family + "/export_exact"]
+
+
+MOE_FAMILIES = [f for f in FAMILIES if f != "glm4"]
+
+
+@pytest.mark.parametrize("ep, etp", [(2, 1), (4, 1), (2, 2)])
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_expert_parallel_round_trip_is_exact(built, family, ep, etp):
+    """Per EP rank r (and expert-TP rank): local expert j is global expert r*E_local + j, each split like a dense MLP
+    over expert TP. The export reads every global expert by its global index (export.ExpertsOverEP gathers them over the
+    EP group; here each global index is read from its rank's local one), and gives back the checkpoint exactly."""
+    from slime_hydra.training.megatron import convert
+
+    cfg, _, d = built[family]
+    m, disk = cfg.model, convert.SafetensorsDir(d)
+    layout = dict(layer_offset=0, num_local_layers=m.num_layers, pre_process=True, post_process=True)
+    shards = {(r, e): convert.hf_to_megatron(disk, m, tp_rank=e, tp_size=etp, v_pad=64, ep_rank=r, ep_size=ep,
+                                             etp_rank=e, etp_size=etp, **layout) for r in range(ep) for e in range(etp)}
+    n_local = m.num_experts // ep
+    assert sum(".local_experts." in k and k.endswith("linear_fc2.weight") for k in shards[0, 0]) == n_local * sum(
+        convert.moe_layer_pattern(m.moe_layer_freq, m.num_layers))
+    # EP rank 1's local expert 0 is global expert n_local: its down projection, expert-TP rank 0's columns
+    layer = next(i for i in range(m.num_layers) if convert.moe_layer_pattern(m.moe_layer_freq, m.num_layers)[i])
+    down = disk[f"model.layers.{layer}.mlp.experts.{n_local}.down_proj.weight"]
+    assert torch.equal(shards[1, 0][f"decoder.layers.{layer}.mlp.experts.local_experts.0.linear_fc2.weight"],
+                       down.chunk(etp, dim=1)[0])
+
+    def global_view(e_rank: int) -> dict:  # what ExpertsOverEP presents on expert-TP rank e_rank
+        out = dict(shards[0, e_rank])
+        for r in range(ep):
+            for k, t in shards[r, e_rank].items():
+                if ".local_experts." in k:
+                    head, rest = k.split(".local_experts.")
+                    j, tail = rest.split(".", 1)
+                    out[f"{head}.local_experts.{r * n_local + int(j)}.{tail}"] = t
+        return out
+
+    views = [global_view(e) for e in range(etp)]
+    key_of = {id(t): k for k, t in views[0].items()}
+    gather = lambda t, dim: torch.cat([v[key_of[id(t)]] for v in views], dim)  # noqa: E731
+    back = dict(convert.megatron_to_hf(views[0], m, gather=gather, tp_size=etp, vocab_size=64, ep_size=ep,
+                                       gather_expert=gather, etp_size=etp, **layout))
+    assert set(back) == set(disk)
+    for k in disk:
+        assert torch.equal(back[k], disk[k]), k
