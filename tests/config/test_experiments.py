@@ -26,10 +26,7 @@ from tests.support.runs import EXPERIMENTS, ROOT, run_cli
 GOLDEN = ROOT / "tests" / "golden"
 # experiment -> the problem it waits on (a feature another issue adds); a PENDING experiment is refused at validation
 # (exit 2, before Ray starts), so it cannot pass here and then fail at launch
-PENDING: dict[str, str] = {
-    "grpo/qwen3-30b-a3b-dapo-math-2n8g-megatron-sglang-colocate-v1": "does not drive rollout.backend=sglang on "
-                                                                     "cluster.actor_num_nodes=2 nodes yet",
-}
+PENDING: dict[str, str] = {}
 
 
 def compose(name: str):
