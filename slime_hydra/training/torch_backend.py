@@ -134,6 +134,8 @@ class TorchTrainBackend:
         keep = idx
         if self.batch.skip_zero_advantage_samples:
             keep = idx[(batch.advantages[idx] != 0).any(-1)]
+        # a rank whose share keeps no rows (skip_zero_advantage_samples, few kept) runs no micro-batch but still joins
+        # both sums and the gradient all-reduce with zeros: the other ranks are not left waiting in them
         self._zero_grads()
         m: dict[str, float] = defaultdict(float)
         metric_mode = L.metric_aggregation(mode)
