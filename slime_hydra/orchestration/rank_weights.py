@@ -244,8 +244,11 @@ def weights_of(ranks: list, route: Optional[Route[Sender]], engine_ranks: Option
 
 
 def senders_of(pg, layout: Layout, stages: Optional[Sequence[int]] = None) -> tuple[Optional[list], Optional[list]]:
-    """(engine_ranks, feeder_ranks) for the ranks' pipeline `stages`, on the nodes Ray placed the group's bundles on."""
-    nodes = bundle_nodes(pg)
+    """(engine_ranks, feeder_ranks) for the ranks' pipeline `stages`, on the nodes Ray placed the group's bundles on. An
+    engine on bundles of another placement group (engines a run shares between train groups) has no node here (None):
+    any rank of a stage may feed it over an update group, and no rank sends it handles."""
+    placed = bundle_nodes(pg)
+    nodes = {b: placed.get(b) for b in (*layout.actor_bundles, *(b for bs in layout.engine_bundles for b in bs))}
     return (engine_ranks(layout.actor_bundles, layout.engine_bundles, stages, nodes),
             feeder_ranks(len(layout.actor_bundles), len(layout.engine_bundles), stages,
                          [nodes[b] for b in layout.actor_bundles], [nodes[bs[0]] for bs in layout.engine_bundles]))
