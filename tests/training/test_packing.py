@@ -235,7 +235,16 @@ def assert_megatron_same(padded: dict, packed: dict, tag: str, tol: float = 1e-5
         assert (packed[key][~real] == 0).all()
     assert padded["metrics"].keys() == packed["metrics"].keys()
     for key, v in padded["metrics"].items():
+        if key in ROUTER_FIGURES:  # the routers see each row's L tokens padded and its first L - 1 packed (thd.pack)
+            assert abs(packed["metrics"][key] - v) <= 0.05 * abs(v), (tag, key, v, packed["metrics"][key])
+            continue
         assert abs(packed["metrics"][key] - v) <= tol * max(1.0, abs(v)), (tag, key, v, packed["metrics"][key])
+
+
+# the MoE routers' step figures (training/megatron/router_load.py): a padded row's last token, which predicts nothing,
+# still goes through the routers, and a packed micro-batch leaves it out, so these two read the same tokens less one per
+# row (measured: expert load imbalance 1.628 padded, 1.595 packed); every loss, gradient and log-prob above is exact
+ROUTER_FIGURES = ("train/moe_aux_loss", "train/moe_expert_load_imbalance")
 
 
 MEGATRON_CASES = {

@@ -6,7 +6,9 @@
 - `train/moe_expert_load_imbalance`: per MoE layer, the most tokens any expert received over the step divided by the
   mean per expert (1 is perfectly balanced, num_experts / topk the worst), the largest over the layers. Real tokens
   only: the runner hands the routers the padding mask (runner.MegatronRunner._padding_mask), and the load-balancing loss
-  leaves padding out too, so both read the same under any layout.
+  leaves padding out too, so both read the same under any parallel layout. A packed micro-batch (train.qkv_format=thd)
+  leaves out each sample's last token (it predicts nothing), which a padded row still routes: the two formats' figures
+  differ by those tokens (tests/training/test_packing.py).
 
 The gradient of the load-balancing loss: megatron scales it by each micro-batch's tokens and expects the main loss's
 gradients divided by the step's tokens (finalize_model_grads), while this backend's loss is already divided by the step's

@@ -211,12 +211,9 @@ class MegatronRunner:
     def _padding_mask(self, mb: TrainBatch, width: int) -> torch.Tensor:
         """[n, width] True on padding (megatron's MoE convention): the routers' load-balancing loss and token counts leave
         it out, so they do not depend on how far a layout pads; a zeroed micro-batch (_zero_micro_batch) is padding
-        throughout. A row's last token predicts nothing: it counts as padding too, so the routers see the tokens a packed
-        micro-batch holds (training/thd.py packs each sample's first L - 1). The first stage splits the mask over
-        sequence parallelism itself (GPTModel.forward); a later stage gets its own slice."""
-        attn = mb.attention_mask.to(self.device).bool()
-        predicts = torch.nn.functional.pad(attn[:, 1:], (0, 1), value=False)  # [n, T+1]: the next token is real
-        real = predicts & (not getattr(mb, "zero", False))
+        throughout. The first stage splits it over sequence parallelism
+        itself (GPTModel.forward); a later stage gets its own slice."""
+        real = mb.attention_mask.to(self.device).bool() & (not getattr(mb, "zero", False))
         pad = torch.nn.functional.pad(~real, (0, width - real.shape[1]), value=True)
         if self.parallel.sequence_parallel and not ps.is_pipeline_first_stage():
             tp = ps.get_tensor_model_parallel_world_size()
