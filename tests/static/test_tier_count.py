@@ -13,7 +13,7 @@ import sys
 
 from tests.support.runs import ROOT
 
-TIER_FLOOR = 1011  # tests `pytest` (the default tier: not slow, not gpu) collects
+TIER_FLOOR = 1012  # tests `pytest` (the default tier: not slow, not gpu) collects
 
 
 def test_default_tier_collects_at_least_the_floor():
