@@ -6,7 +6,9 @@ sglang-router in front. The health monitor (`use_fault_tolerance`) checks each e
 time or `rollout_health_check_first_wait` seconds have passed since it was launched: a server that is
 still loading is never killed for being slow (slime's 0-second first wait does that). An engine whose
 process died, or that failed `rollout_health_check_max_failures` checks in a row, is killed and
-relaunched on its port; `on_restart` (the backend's weight resync) runs before it is marked healthy.
+relaunched on its port; `on_restart` (the backend's weight resync) runs before it is marked healthy. An engine that
+misses a check (a slow answer on a loaded node) is out until it answers again: weight syncs skip it meanwhile, so it
+too is resynced before it serves again.
 
 Where a server process runs is the launcher's business (`Launcher`): `LocalLauncher` starts it as a
 child of this process; under `cluster.backend=ray` the orchestration floor's launcher starts it inside a
@@ -282,8 +284,8 @@ class EngineGroup:
             return
         if not dead and (ping(e.url) if e.ever_healthy else self._answers_itself(e)):
             e.failures = 0
-            if not e.ever_healthy:
-                self._serve_again(e, on_restart)
+            if not e.healthy.is_set():  # relaunched, or back after missed checks (a slow answer under load): weight
+                self._serve_again(e, on_restart)  # syncs skipped it while it was out, so it is resynced before it serves
             return
         e.failures += 1
         e.healthy.clear()
@@ -315,7 +317,7 @@ class EngineGroup:
             return
         e.failures = 0
         e.healthy.set()
-        log.warning("sglang engine %d is serving again (restart %d)", e.index, e.restarts)
+        log.warning("sglang engine %d is serving again (restarts: %d)", e.index, e.restarts)
 
     def shutdown(self) -> None:
         self._stop.set()
