@@ -247,4 +247,7 @@ def test_bf16_packed_critic_steps_and_resumes_exactly(tmp_path):
     assert out["m1"]["train/value_grad_norm"] > 0 and torch.isfinite(out["v1"]).all()
     assert v1.float().mean().item() > 0  # moved toward the returns
     assert torch.equal(out["v1_loaded"], out["v1"])  # resumed: the same values, bit for bit
-    assert out["m2_loaded"] == out["m2"]  # and the same next step
+    # and the same next step: every figure of the step; the perf/ memory figures (peak allocated and reserved, the
+    # device's use) read this process's allocator, which holds both backends by then, so they differ by design
+    step = [{k: v for k, v in out[m].items() if not k.startswith("perf/")} for m in ("m2", "m2_loaded")]
+    assert "train/value_loss" in step[0] and "train/pg_loss" in step[0] and step[1] == step[0]
