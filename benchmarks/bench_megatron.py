@@ -87,7 +87,7 @@ def measure(trainer, b, warmup: int, iters: int) -> tuple[list[float], dict]:
 def compose(backend: str, option: str, seq: int, mbs: int, gbs: int, overrides) -> object:
     from slime_hydra.app.preflight import compose_run
 
-    return compose_run([f"model={option}", f"train={backend}", "train.lr=1e-6", "rollout.rollout_batch_size=1",
+    return compose_run([f"model={option}", f"train={backend}", "train.lr=1e-6", "train.min_lr=0", "rollout.rollout_batch_size=1",
                         f"rollout.n_samples_per_prompt={gbs}", f"train.micro_batch_size={mbs}",
                         "train.skip_zero_advantage_samples=false", f"model.max_position_embeddings={max(seq + 1, 4096)}",
                         "num_rollout=1", "cluster.device=cuda", *[o for o in overrides if "=" in o]])

@@ -131,7 +131,7 @@ def compose(shape: Shape, variant: str, gbs: int, width: int, device: str):
             "budget": ("train.qkv_format=thd", "train.use_dynamic_batch_size=true",
                        f"train.max_tokens_per_gpu={shape.budget}")}[variant]
     model = [f"model={shape.option}"] if shape.option else []
-    return compose_run([*model, "train=megatron", "train.lr=1e-6", "rollout.rollout_batch_size=1",
+    return compose_run([*model, "train=megatron", "train.lr=1e-6", "train.min_lr=0", "rollout.rollout_batch_size=1",
                         f"rollout.n_samples_per_prompt={gbs}", f"train.micro_batch_size={shape.micro_batch}",
                         "train.skip_zero_advantage_samples=false", f"model.max_position_embeddings={max(width + 1, 4096)}",
                         "num_rollout=1", f"cluster.device={device}", *shape.settings, *over]), list(over)

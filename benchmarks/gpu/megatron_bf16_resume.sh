@@ -7,7 +7,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 out=${OUT:-/tmp/out}
 A="train=megatron model=qwen3_0_6b model.dtype=bfloat16 cluster.device=cuda logger=none logger.progress_bar=false
-   warmstart.steps=0 eval=none rollout.rollout_max_response_len=6 num_rollout=4 save_interval=2 train.lr=1e-6 $*"
+   warmstart.steps=0 eval=none rollout.rollout_max_response_len=6 num_rollout=4 save_interval=2 train.lr=1e-6 train.min_lr=0 $*"
 t0=$SECONDS
 python3 -m slime_hydra $A output_dir=/tmp/full > $out/full.log 2>&1; echo "full: exit $? in $((SECONDS - t0)) s"
 t0=$SECONDS

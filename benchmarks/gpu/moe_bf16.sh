@@ -29,7 +29,7 @@ echo "checkpoint: $CKPT in $((SECONDS - t0)) s"
 A="train=megatron $M model.hf_checkpoint=$CKPT cluster.device=cuda logger=none logger.progress_bar=false warmstart.steps=0
    eval=none rollout.rollout_batch_size=8 rollout.n_samples_per_prompt=8 rollout.rollout_max_response_len=32
    data.rollout_max_prompt_len=32 train.skip_zero_advantage_samples=false
-   train.global_batch_size=32 train.micro_batch_size=8 num_rollout=${ROLLOUTS:-6} save_interval=null train.lr=1e-6 $*"
+   train.global_batch_size=32 train.micro_batch_size=8 num_rollout=${ROLLOUTS:-6} save_interval=null train.lr=1e-6 train.min_lr=0 $*"
 python3 -m slime_hydra plan $A 2>&1 | grep -A6 "^memory:"
 t0=$SECONDS
 rm -f "$out/moe_metrics.jsonl"

@@ -81,6 +81,10 @@ def check_values(cfg: RunConfig, problems: list[str]) -> None:
         problems.append(f"algorithm.kl_loss_coef={a.kl_loss_coef} has no effect without algorithm.use_kl_loss=true; set it or set algorithm.kl_loss_coef=0")
     if t.lr <= 0:
         problems.append(f"train.lr={t.lr} must be > 0")
+    if t.min_lr < 0 or (t.lr_decay_style != "constant" and t.min_lr > t.lr):
+        problems.append(f"train.min_lr={t.min_lr} must be in [0, train.lr={t.lr}]: the {t.lr_decay_style} schedule goes from "
+                        "train.lr to train.min_lr, so a higher floor raises the rate as it 'decays'; lower train.min_lr "
+                        "(slime's default 0) or raise train.lr")
 
 
 def check_run(cfg: RunConfig, problems: list[str]) -> None:

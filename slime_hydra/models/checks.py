@@ -115,6 +115,13 @@ def check_checkpoint(m: ModelConfig) -> list[str]:
                     f"{m.hf_checkpoint} model=<option>)", "model.hf_checkpoint", m.hf_checkpoint)]
 
 
+def floor_hint(key: str, t: TrainConfig) -> str:
+    """The schedule's floor must come down with the rate (train.min_lr <= train.lr), or the fix is refused in turn."""
+    if key != "train.lr" or t.lr_decay_style == "constant" or t.min_lr <= SAFE_RL_LR:
+        return ""
+    return f", with train.min_lr=0 (slime's default; now {t.min_lr:g}, above the new rate)"
+
+
 def check_learning_rate(m: ModelConfig, t: TrainConfig, load: Optional[str]) -> tuple[list[str], list[str]]:
     """(problems, notes) of train.lr and train.critic_lr against the model's size; `load` is the run's load=."""
     problems: list[str] = []
@@ -131,7 +138,7 @@ def check_learning_rate(m: ModelConfig, t: TrainConfig, load: Optional[str]) -> 
             continue
         why = (f"{key}={lr:g} is too high for RL of a {params / 1e6:,.0f}M-parameter model ({source}; the rule applies "
                f"from {REAL_SIZE / 1e6:.0f}M): above {MAX_RL_LR:g} a few steps can wreck what a trained model knows; set "
-               f"{key}={SAFE_RL_LR:g} (slime's and verl's default) or at most {MAX_RL_LR:g}, or "
+               f"{key}={SAFE_RL_LR:g} (slime's and verl's default) or at most {MAX_RL_LR:g}{floor_hint(key, t)}, or "
                "train.allow_unsafe_lr=true to run it anyway")
         if trained:
             problems.append(why + f" (refused: the weights come from {trained})")

@@ -62,6 +62,17 @@ def test_impossible_values():
     assert "train.micro_batch_size=7 must divide train.global_batch_size=32" in text  # 32 prompts * 1 sample
 
 
+def test_a_floor_above_the_rate_is_refused_where_a_schedule_would_raise_the_rate():
+    """The embedded default decays cosine from 2e-4 to train.min_lr=2e-5: `train.lr=1e-6` over it would climb to 2e-5
+    (20x the rate asked for) if the floor were kept; constant never reads the floor."""
+    (msg,) = problems_of(["train.lr=1e-6"])
+    assert "train.min_lr=2e-05 must be in [0, train.lr=1e-06]" in msg and "cosine" in msg and "lower train.min_lr" in msg
+    assert compose_run(["train.lr=1e-6", "train.min_lr=0"]).train.min_lr == 0
+    assert compose_run(["train.lr=1e-6", "train.lr_decay_style=constant"]).train.lr == 1e-6
+    (msg,) = problems_of(["train.min_lr=-1e-6"])
+    assert "train.min_lr=-1e-06 must be in [0, train.lr=0.0002]" in msg
+
+
 def test_batch_identity_mismatch_names_both_fixes():
     (msg,) = problems_of(["train.global_batch_size=128", "train.num_steps_per_rollout=1", "train.micro_batch_size=64"])
     assert msg == ("rollout.rollout_batch_size × rollout.n_samples_per_prompt = 32 × 8 = 256 must equal "

@@ -51,7 +51,7 @@ def test_parameter_count_from_dimensions_by_hand():
     # Qwen3-0.6B per layer: q 1024*2048 + k,v 2*1024*1024 + o 2048*1024 = 6,291,456; norms 2*128 + 2*1024 = 2,304;
     #   SwiGLU 3*1024*3072 = 9,437,184; = 15,730,944, x28 = 440,466,432; + embedding 151,936*1024 = 155,582,464
     #   + final norm 1,024 = 596,049,920
-    assert num_parameters(compose_run(["model=qwen3_0_6b", "train.lr=1e-6"]).model) == 596_049_920
+    assert num_parameters(compose_run(["model=qwen3_0_6b", "train.lr=1e-6", "train.min_lr=0"]).model) == 596_049_920
 
 
 def test_parameter_count_equals_the_built_model():
@@ -75,8 +75,9 @@ def test_high_lr_is_refused_for_a_real_size_checkpoint(qwen3_0_6b_dir):
     assert problem.startswith("train.lr=0.0002 is too high for RL of a 596M-parameter model")
     assert f"{qwen3_0_6b_dir}/config.json" in problem
     assert "set train.lr=1e-06" in problem and "train.allow_unsafe_lr=true" in problem
+    assert "with train.min_lr=0 (slime's default; now 2e-05, above the new rate)" in problem  # the cosine floor too
     assert "refused: the weights come from model.hf_checkpoint" in problem
-    assert compose_run([f"model.hf_checkpoint={qwen3_0_6b_dir}", "train.lr=1e-5"]).train.lr == 1e-5  # the bound passes
+    assert compose_run([f"model.hf_checkpoint={qwen3_0_6b_dir}", "train.lr=1e-5", "train.min_lr=0"]).train.lr == 1e-5  # passes
     assert compose_run([f"model.hf_checkpoint={qwen3_0_6b_dir}", "train.allow_unsafe_lr=true"]).train.lr == 2e-4
 
 
