@@ -11,11 +11,14 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.runs import ROOT
 
 TIER_FLOOR = 1012  # tests `pytest` (the default tier: not slow, not gpu) collects
 
 
+@pytest.mark.integration  # a whole collection in a child (~15 s): the default tier's guard, not the edit-test loop's
 def test_default_tier_collects_at_least_the_floor():
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
