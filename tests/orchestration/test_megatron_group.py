@@ -3,8 +3,8 @@ session's real `ray start --head` cluster) run the engine loop as the single-pro
 
 The ranks run megatron on CPU under tests/support/megatron_cpu/shim.py: this module joins the cluster with a job
 `runtime_env` whose `worker_process_setup_hook` installs the shim in every worker process of the job (the ranks, the
-rollout manager and its engine), so nothing of the shim reaches production code. The test process installs it too,
-for the single-process run it compares against.
+rollout manager and its engine: tests/support/megatron_cpu/ray_ranks.py), so nothing of the shim reaches production
+code. The test process installs it too, for the single-process run it compares against.
 """
 
 from __future__ import annotations
@@ -14,13 +14,11 @@ from pathlib import Path
 import pytest
 
 from slime_hydra.app.preflight import compose_run
-from tests.support.megatron_cpu import shim
+from tests.support.megatron_cpu import ray_ranks, shim
 from tests.support.runs import FAST
-from tests.support.servers import join_ray
 
 pytestmark = pytest.mark.integration  # starts Ray, SGLang servers, megatron ranks or whole runs: not in `make test-fast`
 
-SHIM_HOOK = "tests.support.megatron_cpu.shim.install"
 LAYOUTS = {  # tests/support/megatron_cpu/workers.py's LAYOUTS as overrides: 2 ranks, what is not TP or PP is DP
     "tp2": ["parallelism.tensor_model_parallel_size=2"],
     "pp2": ["parallelism.pipeline_model_parallel_size=2"],
@@ -39,10 +37,7 @@ def ray_cluster(ray_head):
     """This process joins the session's cluster; every worker process of this job installs the CPU shim first."""
     import ray
 
-    shim.install()
-    # the hook is imported in each worker: the repository root on its path (pytest puts it on this process's only)
-    root = str(Path(__file__).resolve().parents[2])
-    join_ray(ray_head, "megatron_group", worker_process_setup_hook=SHIM_HOOK, env_vars={"PYTHONPATH": root})
+    ray_ranks.join_with_shim(ray_head, "megatron_group")
     yield ray_head.gcs_address
     ray.shutdown()
 

@@ -1,5 +1,5 @@
-"""Expert-parallel megatron runs of the tiny MoE (model=qwen3_tiny_moe) on CPU ranks over gloo: one function per spawned
-rank, and the same run in one process for the EP=1 reference."""
+"""Expert-parallel megatron runs of the tiny MoE (model=qwen3_tiny_moe) on CPU ranks over gloo: on Ray-placed ranks (the
+orchestration layer's actors), and the same run in one process for the EP=1 reference."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from tests.support.megatron_cpu import workers
+from tests.support.megatron_cpu import ray_ranks, workers
 
 MOE = ["model=qwen3_tiny_moe", "model.num_layers=2", "train.num_steps_per_rollout=1"]  # 4 experts, top-2, aux loss 1e-3;
 # a rollout is one step of the 4 rows (2 micro-batches per rank at DP=2)
@@ -43,12 +43,41 @@ def moe_run(cfg, hf, parallel: dict, out_dir: str, tag: str) -> dict:
             "resumed_metrics2": resumed.train_rollout(batch), "resumed_after2": resumed.compute_log_probs(batch)}
 
 
-def moe_spawn_main(rank: int, world: int, port: int, out_dir: str, name: str) -> None:
-    cfg, _, hf = workers.rank_setup(rank, world, port, MOE)
-    torch.save(moe_run(cfg, hf, LAYOUTS[name][1], out_dir, name), os.path.join(out_dir, f"{name}_rank{rank}.pt"))
+def ray_config(name: str, extra: list[str] = ()):
+    """The tiny MoE (+ `extra`) under LAYOUTS[name] on as many Ray ranks (cluster.backend=ray; the rollout bundle, unused,
+    colocated)."""
+    ranks, parallel = LAYOUTS[name]
+    return workers.tiny_config([*MOE, *extra, "cluster.backend=ray", f"cluster.actor_num_gpus_per_node={ranks}",
+                                "cluster.colocate=true", "cluster.rollout_num_gpus=1",
+                                *(f"parallelism.{k}={str(v).lower()}" for k, v in parallel.items())])
 
 
-def one_kept_spawn_main(rank: int, world: int, port: int, out_dir: str, name: str) -> None:
-    """workers.one_kept_run (one kept row of the step's four) of the tiny MoE under LAYOUTS[name]."""
-    cfg, _, hf = workers.rank_setup(rank, world, port, [*MOE, *workers.ONE_KEPT])
-    torch.save(workers.one_kept_run(cfg, hf, LAYOUTS[name][1]), os.path.join(out_dir, f"one_kept_{name}_rank{rank}.pt"))
+def moe_ray_run(group, cfg, out_dir: str, tag: str) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    """moe_run on the Ray-placed ranks `group` of `cfg`'s layout (tests/support/megatron_cpu/ray_ranks.py): each rank's
+    answers, and the weights the group hands local rollout engines after the first rollout (rank 0's, through the
+    object store). The resumed run is a fresh trainer on the same ranks (random weights: the next seed's model; an
+    optimizer that never stepped) that loads the checkpoint, as moe_run's is a fresh backend in the same process."""
+    batch = workers.fixed_batch()
+    ckpt = os.path.join(out_dir, f"{tag}_ckpt")
+    ray_ranks.setup(group, cfg, 10, 8, cfg.seed)
+    got = {"before": ray_ranks.every_rank(group, "compute_log_probs", batch),
+           "metrics": ray_ranks.every_rank(group, "train_rollout", batch)}
+    group.save_hf(os.path.join(out_dir, f"{tag}_hf"), None)
+    weights = dict(group.named_weights())
+    group.save_checkpoint(ckpt)
+    got |= {"metrics2": ray_ranks.every_rank(group, "train_rollout", batch),
+            "after2": ray_ranks.every_rank(group, "compute_log_probs", batch)}
+    ray_ranks.setup(group, cfg, 10, 8, cfg.seed + 1)
+    group.load_checkpoint(ckpt)
+    got |= {"resumed_metrics2": ray_ranks.every_rank(group, "train_rollout", batch),
+            "resumed_after2": ray_ranks.every_rank(group, "compute_log_probs", batch)}
+    return [{k: v[rank] for k, v in got.items()} for rank in range(len(got["before"]))], weights
+
+
+def one_kept_ray_run(group, cfg) -> list[dict]:
+    """workers.one_kept_run (one kept row of the step's four) on a fresh trainer of the Ray-placed ranks `group` of
+    `cfg`'s layout: each rank's answers."""
+    batch = workers.one_kept_batch()
+    ray_ranks.setup(group, cfg, 10, 8, cfg.seed)
+    metrics = ray_ranks.every_rank(group, "train_rollout", batch)
+    return [{"metrics": m, "after": a} for m, a in zip(metrics, ray_ranks.every_rank(group, "compute_log_probs", batch))]

@@ -14,15 +14,21 @@ LAYOUTS = {  # name -> parallelism overrides (2 processes: what is not TP or PP 
 }
 
 
-def tiny_setup(overrides: list[str] = ()):
-    """(cfg, tokenizer, HF model) of the embedded default with the megatron trainer."""
+def tiny_config(overrides: list[str] = ()):
+    """The embedded default with the megatron trainer: 2 optimizer steps of 4 rows a rollout, micro-batches of 1."""
     from slime_hydra.app.preflight import compose_run
     from slime_hydra.config.store import register
-    from slime_hydra.models.build import build_model, build_tokenizer
 
     register()
-    cfg = compose_run(["train=megatron", "train.num_steps_per_rollout=2", "train.micro_batch_size=1", "train.lr=1e-3",
-                       "rollout.rollout_batch_size=1", "rollout.n_samples_per_prompt=4", *overrides])
+    return compose_run(["train=megatron", "train.num_steps_per_rollout=2", "train.micro_batch_size=1", "train.lr=1e-3",
+                        "rollout.rollout_batch_size=1", "rollout.n_samples_per_prompt=4", *overrides])
+
+
+def tiny_setup(overrides: list[str] = ()):
+    """(cfg, tokenizer, HF model) of tiny_config(overrides)."""
+    from slime_hydra.models.build import build_model, build_tokenizer
+
+    cfg = tiny_config(overrides)
     tok = build_tokenizer(cfg.model)
     return cfg, tok, build_model(cfg.model, tok, cfg.seed)
 
