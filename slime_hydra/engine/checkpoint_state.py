@@ -1,7 +1,7 @@
 """A checkpoint's resume state as plain data: `state.json` (the tree) and `state.safetensors` (its tensors).
 
 Loading a checkpoint never runs code named by its files. A pickle can name any function to call while it is
-read (`torch.load(weights_only=False)` calls it), so anyone who can write into a save root could run commands
+read (torch.load without weights_only calls it), so anyone who can write into a save root could run commands
 as the trainer's user; JSON and safetensors can only describe data. The tree holds dicts (ordered ones with a module's
 `_metadata`), lists, tuples, numbers, strings, None and the dataclasses of DATA_TYPES; each tensor is stored in state.safetensors under a
 name the tree keeps in its place, and comes back on the CPU (the optimizer and the modules that load it move
