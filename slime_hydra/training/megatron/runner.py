@@ -211,8 +211,8 @@ class MegatronRunner:
     def _padding_mask(self, mb: TrainBatch, width: int) -> torch.Tensor:
         """[n, width] True on padding (megatron's MoE convention): the routers' load-balancing loss and token counts leave
         it out, so they do not depend on how far a layout pads; a zeroed micro-batch (_zero_micro_batch) is padding
-        throughout. The first stage splits it over sequence parallelism
-        itself (GPTModel.forward); a later stage gets its own slice."""
+        throughout. The first stage splits it over sequence parallelism itself (GPTModel.forward); a later stage gets
+        its own slice."""
         real = mb.attention_mask.to(self.device).bool() & (not getattr(mb, "zero", False))
         pad = torch.nn.functional.pad(~real, (0, width - real.shape[1]), value=True)
         if self.parallel.sequence_parallel and not ps.is_pipeline_first_stage():
