@@ -188,6 +188,7 @@ SHORT = ["warmstart.steps=0", "num_rollout=2", "eval.eval_interval=null", "rollo
 
 # The tests that start their own components come first: the module's disaggregated components hold 4 CPUs of the
 # cluster until the module ends.
+@pytest.mark.slow  # the default tier's colocated case is test_multi_node.py's TP=2 over two nodes: the same checks, and placement
 def test_colocated_syncs_from_tensors_every_update_equal(cluster, tmp_path):
     """cluster.colocate=true: each engine shares a train rank's bundle (2 bundles); weights go from tensors (shared-memory
     handles on CPU) in buckets, each engine's from the train rank on its bundle (orchestration/rank_weights.py: the rank

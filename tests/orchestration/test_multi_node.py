@@ -211,15 +211,22 @@ def test_disaggregated_pipeline_stages_each_send_their_own_layers(two_nodes, tmp
 def test_colocated_engine_on_each_node_gets_its_nodes_rank(two_nodes, tmp_path):
     """TP=2 colocated over both nodes (one CPU of each held, so each node takes one bundle): rank r and engine r share
     bundle r on node r; each engine gets handles from the rank on its own node; every sync equal; the plan on nodes of 1
-    is the placement."""
+    is the placement. Before the loop, the colocated ranks' log-probs and first step are the single process's, as
+    test_megatron_sglang.py checks them (its one-node colocated case runs in the slow tier: this one covers it)."""
     from slime_hydra.orchestration.rank_weights import RankWeights
+    from tests.orchestration.test_megatron_sglang import (assert_engines_hold_rank0s_weights, assert_first_step_equal,
+                                                          first_step)
 
     args = [*COMMON, "parallelism.tensor_model_parallel_size=2", "cluster.rollout_num_gpus=2", "cluster.colocate=true"]
     with cpus_held(two_nodes, NODE_CPUS - 1):
         cfg, c = built(args, tmp_path, "colocated over two nodes")
     try:
+        step = first_step(args, cfg, c)
+        print(f"colocated over two nodes: first step {step}")
         history = two_rollouts(cfg, c, tmp_path, "colocated over two nodes")
         r = c.rollout
+        assert step["tokens"] > 0 and step["ray_vs_local"] < 1e-4 and step["ray_vs_engine"] < 1e-2, step
+        assert_first_step_equal(step)
         assert r.mode == "tensor" and versions_of(history) == [0.0, 1.0] and r.weight_version == 2 == r.synced_version
         assert isinstance(r._last_weights, RankWeights) and r._last_weights.engine_ranks == [[[0], [1]]]
         rank_at, engine_at = observed(c)
@@ -227,6 +234,7 @@ def test_colocated_engine_on_each_node_gets_its_nodes_rank(two_nodes, tmp_path):
         assert all(engine_at[e][1] == rank_at[e]["node"] for e in engine_at)  # engine e's sender is on its node
         assert (rank_at, engine_at) == planned(args, 1)
         assert {host for _, host in r.group.launcher.nodes.values()} <= {"127.0.0.1"}
+        assert_engines_hold_rank0s_weights(cfg, c)
     finally:
         c.rollout.shutdown()
 

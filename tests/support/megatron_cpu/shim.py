@@ -64,6 +64,10 @@ def install() -> None:
     import sys
 
     sys.modules.setdefault("flash_mla", None)  # sglang's CUDA-only wheel: raises OSError, not ImportError, on CPU
+    # flashinfer holds CUDA kernels only, and megatron imports it where present (its fused rope, unused on CPU): with
+    # tvm_ffi, the cutlass DSL and ml_dtypes beneath it, 1.6 of a rank's 7.4 CPU-seconds of imports. Absent, as on a
+    # CPU-only install: megatron and SGLang both import it inside try/except ImportError.
+    sys.modules.setdefault("flashinfer", None)
     c = torch.cuda
     c.current_device = lambda: torch.device("cpu")  # in backward passes too, where the mode below is not active
     c.device_count = lambda: 1
