@@ -214,8 +214,7 @@ def test_colocated_engine_on_each_node_gets_its_nodes_rank(two_nodes, tmp_path):
     is the placement. Before the loop, the colocated ranks' log-probs and first step are the single process's, as
     test_megatron_sglang.py checks them (its one-node colocated case runs in the slow tier: this one covers it)."""
     from slime_hydra.orchestration.rank_weights import RankWeights
-    from tests.orchestration.test_megatron_sglang import (assert_engines_hold_rank0s_weights, assert_first_step_equal,
-                                                          first_step)
+    from tests.orchestration.test_megatron_sglang import assert_engines_hold_rank0s_weights, assert_first_step_equal, first_step
 
     args = [*COMMON, "parallelism.tensor_model_parallel_size=2", "cluster.rollout_num_gpus=2", "cluster.colocate=true"]
     with cpus_held(two_nodes, NODE_CPUS - 1):
