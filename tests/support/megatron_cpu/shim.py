@@ -65,7 +65,7 @@ def install() -> None:
 
     sys.modules.setdefault("flash_mla", None)  # sglang's CUDA-only wheel: raises OSError, not ImportError, on CPU
     # flashinfer holds CUDA kernels only, and megatron imports it where present (its fused rope, unused on CPU): with
-    # tvm_ffi, the cutlass DSL and ml_dtypes beneath it, 1.6 of a rank's 7.4 CPU-seconds of imports. Absent, as on a
+    # tvm_ffi, the cutlass DSL and ml_dtypes beneath it, about 1.9 of the 7.4 CPU-seconds a rank spends importing. Absent, as on a
     # CPU-only install: megatron and SGLang both import it inside try/except ImportError.
     sys.modules.setdefault("flashinfer", None)
     c = torch.cuda
