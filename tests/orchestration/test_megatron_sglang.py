@@ -25,10 +25,7 @@ import torch
 
 from slime_hydra.app.preflight import compose_run
 from slime_hydra.types import SamplingParams, Status
-from tests.support.megatron_cpu import shim
-from tests.support.servers import join_ray
-
-SHIM_HOOK = "tests.support.megatron_cpu.shim.install"  # as tests/orchestration/test_megatron_group.py installs it
+from tests.support.megatron_cpu import ray_ranks
 
 pytestmark = [pytest.mark.sglang, pytest.mark.integration]
 
@@ -52,9 +49,7 @@ def cluster(ray_head):
     job installs the CPU shim first."""
     import ray
 
-    shim.install()
-    root = str(Path(__file__).resolve().parents[2])
-    join_ray(ray_head, "megatron_sglang", worker_process_setup_hook=SHIM_HOOK, env_vars={"PYTHONPATH": root})
+    ray_ranks.join_with_shim(ray_head, "megatron_sglang")
     yield ray_head.gcs_address
     ray.shutdown()
 

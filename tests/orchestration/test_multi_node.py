@@ -23,11 +23,11 @@ import pytest
 
 from slime_hydra.app.preflight import compose_run
 from tests.support.megatron_cpu import shim
+from tests.support.megatron_cpu.ray_ranks import SHIM_HOOK
 from tests.support.plans import engines, ranks
 
 pytestmark = [pytest.mark.sglang, pytest.mark.integration]
 
-SHIM_HOOK = "tests.support.megatron_cpu.shim.install"  # as tests/orchestration/test_megatron_group.py installs it
 EXPERIMENT = "experiment=grpo/qwen3-tiny-addition-cpu-sglang-torch-v1"
 COMMON = [EXPERIMENT, "train=megatron", "logger=none", "logger.progress_bar=false", "train.lr_decay_style=constant",
           "cluster.backend=ray", "cluster.device=cpu", "cluster.actor_num_gpus_per_node=2",
