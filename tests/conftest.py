@@ -33,6 +33,12 @@ os.environ["RAY_AUTH_MODE"] = "token"
 os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
+from tests.support import warm_cli  # noqa: E402
+from tests.support.runs import cli_env  # noqa: E402
+
+# CLI runs in this environment fork from a warm interpreter (tests/support/warm_cli.py); any other gets a fresh one
+warm_cli.SESSION_ENV.update(cli_env())
+
 
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):

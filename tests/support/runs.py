@@ -12,6 +12,7 @@ import pytest
 
 from slime_hydra.app.preflight import preflight
 from slime_hydra.errors import ConfigError
+from tests.support import warm_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 # every shipped experiment, as `experiment=<name>` takes it
@@ -53,8 +54,12 @@ def cli_env() -> dict[str, str]:
 
 def run_cli(args: list[str], cwd: Path, timeout: int = 600, module: str = "slime_hydra") -> subprocess.CompletedProcess:
     """`python -m slime_hydra ARGS` in `cwd`, as a user would run it (module=tests.support.megatron_cpu.cli: the same
-    under the CPU shim for megatron-core)."""
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=cli_env(), capture_output=True,
+    under the CPU shim for megatron-core). In the session's own environment the process is a fork of an interpreter
+    that already imported the stack (tests/support/warm_cli.py); any other environment gets a fresh interpreter."""
+    env = cli_env()
+    if module == "slime_hydra" and warm_cli.usable(env):
+        return warm_cli.run(module, args, cwd, env, timeout)
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
