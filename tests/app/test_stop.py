@@ -16,7 +16,7 @@ import pytest
 
 from slime_hydra.app.stop import processes
 from slime_hydra.engine.checkpoint import load_state
-from tests.support.runs import FAST, cli_env, mlflow_db
+from tests.support.runs import FAST, cli_env, mlflow_db, start_cli
 
 pytestmark = pytest.mark.integration  # whole runs and processes that signal each other
 
@@ -25,9 +25,8 @@ RUN = [*FAST, "num_rollout=8", "save_interval=4", "eval=none", "warmstart=none",
        "+reward.custom_rm={_target_:tests.support.plugins.slow_reward,seconds:0.02}"]  # ~0.7 s a step
 
 
-def cli(args: list[str], cwd: Path, **env: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "slime_hydra", *args], cwd=cwd, env=cli_env() | env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+def cli(args: list[str], cwd: Path, **env: str):
+    return start_cli(args, cwd, new_session=True, **env)
 
 
 def sigterm_after_rollout(run, dump: Path) -> tuple[str, float]:

@@ -63,6 +63,17 @@ def run_cli(args: list[str], cwd: Path, timeout: int = 600, module: str = "slime
                           text=True, timeout=timeout)
 
 
+def start_cli(args: list[str], cwd: Path, new_session: bool = False, **env: str):
+    """`python -m slime_hydra ARGS` in `cwd` started, not waited for: a Popen (stdout and stderr read as text by
+    communicate), or the same surface over a fork of the warm interpreter where run_cli would fork. new_session: its own
+    session and process group (start_new_session), for a test that signals the group. env: added to cli_env()."""
+    full = cli_env() | env
+    if warm_cli.usable(full):
+        return warm_cli.Process("slime_hydra", args, cwd, full, new_session=new_session)
+    return subprocess.Popen([sys.executable, "-m", "slime_hydra", *args], cwd=cwd, env=full, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=new_session)
+
+
 def problems_of(overrides: list[str], multirun: bool = False) -> list[str]:
     """Every problem validation reports for `overrides` (it must refuse them)."""
     with pytest.raises(ConfigError) as info:

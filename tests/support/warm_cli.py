@@ -2,15 +2,17 @@
 
 A CLI run's process spends about 5 CPU-seconds importing torch, transformers, Hydra and MLflow before it reads its first
 override; the tier runs dozens. Here one process per test worker imports them once (multiprocessing's forkserver,
-with IMPORTS preloaded), and each run is a fork of it that runs the package's `__main__` exactly as `python -m` does:
-sys.argv, the working directory and the environment are the run's own; stdout and stderr are files (so the run's
-children write to them too); the exit code is SystemExit's, 1 with the traceback for an uncaught error; atexit handlers
-run at the end, as at a normal interpreter exit.
+with IMPORTS preloaded), and each run is a fork of it that runs the package's `__main__` as `python -m` does: sys.argv,
+sys.path, the working directory and the environment are the run's own, multiprocessing sees a main process; stdout and
+stderr are files (so the run's children write to them too); it ends as that interpreter ends: SystemExit's code, 1 with
+the traceback for an uncaught error, death by SIGINT for an uncaught KeyboardInterrupt, threads joined and atexit
+handlers run first. `Process` gives Popen's surface (pid, poll, wait, communicate, returncode), in a session of its own
+when asked (start_new_session), for the tests that signal a run's process group.
 
 What a fork cannot reproduce is an environment read at import time. A run forks only when its environment is the one
 the forkserver imported under (SESSION_ENV: the session's, with the CLI's own additions); a test that sets anything else
-gets a cold `python -m` (runs.run_cli falls back). Tests that signal the run or look at its process group start their own
-process and never come here.
+gets a cold `python -m` (runs.run_cli and runs.start_cli fall back). So do runs that must start cold: the fault hooks'
+sitecustomize (tests/engine/test_checkpoint.py), `ray job submit`, the megatron CPU shim's entry point.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import json
 import multiprocessing
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 # what a run of the embedded default imports, in the order it does (measured: `python -X importtime -m slime_hydra`)
@@ -32,28 +36,54 @@ IMPORTS = ["tests.support.warm_cli_imports"]
 SESSION_ENV: dict[str, str] = {}
 # set by pytest for each test phase, read by nothing at import time
 PER_TEST = ("PYTEST_CURRENT_TEST",)
+_MAIN_PROCESS = type(multiprocessing.current_process())  # multiprocessing's _MainProcess (imported before any fork)
 _started: list[list[str]] = []  # [sys.path of a fresh interpreter under SESSION_ENV] once the forkserver runs
 
 
-def _exec_module(module: str, argv: list[str], cwd: str, env: dict[str, str], path: list[str], out: str, err: str) -> None:
-    """The forked child: become `python -m module argv` in `cwd` with `env`, stdout/stderr to the files."""
-    for fd, path in ((1, out), (2, err)):
-        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def _exec_module(module: str, argv: list[str], cwd: str, env: dict[str, str], search_path: list[str], out: str, err: str,
+                 new_session: bool) -> None:
+    """The forked child: become `python -m module argv` in `cwd` with `env`, stdout/stderr to the files, and end as that
+    interpreter ends (exit code, traceback, atexit handlers, SIGINT's death)."""
+    from multiprocessing import process
+
+    if new_session:
+        os.setsid()  # as Popen(start_new_session=True): its own session and process group
+    for fd, name in ((1, out), (2, err)):
+        f = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(f, fd)
         os.close(f)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115  (line-buffered text on the run's fd, as -u)
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    # multiprocessing sees a main process, as in a fresh interpreter (its children are the run's own)
+    process._current_process, process._parent_process, process._children = _MAIN_PROCESS(), None, set()
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    sys.path[:] = [cwd, *path]  # as `python -m` starts: the working directory, then PYTHONPATH, the stdlib, site-packages
+    sys.path[:] = [cwd, *search_path]  # as `python -m` starts: the working directory, PYTHONPATH, stdlib, site-packages
     sys.argv = [module, *argv]
+    code: int | str = 0
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
-    finally:  # a forked child ends in os._exit: run what a normal interpreter exit runs
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        sys.excepthook(*sys.exc_info())
+        code = "SIGINT"
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    threading._shutdown()  # what a normal interpreter exit runs, in its order: wait for threads, then atexit
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == "SIGINT":  # CPython ends an uncaught KeyboardInterrupt by dying of SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
 
 
 def usable(env: dict[str, str]) -> bool:
@@ -83,19 +113,60 @@ def _start() -> list[str]:
     return _started[0]
 
 
+class Process:
+    """A forked CLI run with subprocess.Popen's surface for what the tests use: pid, poll, wait, communicate (text),
+    returncode (negative: the signal that ended it)."""
+
+    def __init__(self, module: str, argv: list[str], cwd: Path, env: dict[str, str], new_session: bool = False):
+        self.args = [sys.executable, "-m", module, *argv]
+        self._tmp = tempfile.TemporaryDirectory(prefix="warm_cli_")
+        self._out, self._err = os.path.join(self._tmp.name, "stdout"), os.path.join(self._tmp.name, "stderr")
+        search_path = _start()
+        ctx = multiprocessing.get_context("forkserver")
+        self._proc = ctx.Process(target=_exec_module, name=f"python -m {module}",
+                                 args=(module, argv, str(cwd), env, search_path, self._out, self._err, new_session))
+        self._proc.start()
+        self.pid = self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.exitcode
+
+    def poll(self) -> int | None:
+        return self._proc.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._proc.join(timeout)
+        if self._proc.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self._proc.exitcode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired as e:
+            e.output, e.stderr = self._read()
+            raise
+        return self._read()
+
+    def kill(self) -> None:
+        self._proc.kill()
+
+    def _read(self) -> tuple[str, str]:
+        return tuple(Path(f).read_text(errors="replace") if os.path.exists(f) else "" for f in (self._out, self._err))
+
+    def __del__(self):
+        if self._proc.exitcode is not None:
+            self._tmp.cleanup()
+
+
 def run(module: str, argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     """As subprocess.run([python, -m, module, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)."""
-    path = _start()
-    ctx = multiprocessing.get_context("forkserver")
-    with tempfile.TemporaryDirectory(prefix="warm_cli_") as tmp:
-        out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-        proc = ctx.Process(target=_exec_module, args=(module, argv, str(cwd), env, path, out, err), name=f"python -m {module}")
-        proc.start()
-        proc.join(timeout)
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join(30)
-            raise subprocess.TimeoutExpired([sys.executable, "-m", module, *argv], timeout,
-                                            Path(out).read_text(errors="replace"), Path(err).read_text(errors="replace"))
-        return subprocess.CompletedProcess([sys.executable, "-m", module, *argv], proc.exitcode,
-                                           Path(out).read_text(errors="replace"), Path(err).read_text(errors="replace"))
+    proc = Process(module, argv, cwd, env)
+    try:
+        out, err = proc.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # as subprocess.run: kill it, wait for it, raise
+        proc.wait(30)
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
-import subprocess
-import sys
 
 import pytest
 
 from slime_hydra.tracking.store import StoreError, open_client
-from tests.support.runs import FAST, cli_env
+from tests.support.runs import FAST, start_cli
 
 BEFORE_BATCH = "c8d9e0f1a2b3"  # the revision before one that rebuilds `experiments` through _alembic_tmp_experiments
 
@@ -77,9 +75,7 @@ def test_six_runs_started_at_once_share_a_fresh_default_store(workdir):
     from mlflow.tracking import MlflowClient
 
     common = [*FAST, "num_rollout=2", "eval=none", "warmstart=none"]
-    procs = [subprocess.Popen([sys.executable, "-m", "slime_hydra", *common, f"seed={i}", f"hydra.run.dir={workdir}/run{i}"],
-                              cwd=workdir, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(6)]
+    procs = [start_cli([*common, f"seed={i}", f"hydra.run.dir={workdir}/run{i}"], workdir) for i in range(6)]
     outs = [p.communicate(timeout=900) for p in procs]
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
