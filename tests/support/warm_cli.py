@@ -11,7 +11,7 @@ when asked (start_new_session), for the tests that signal a run's process group.
 
 What a fork cannot reproduce is an environment read at import time. A run forks only when its environment is the one
 the forkserver imported under (SESSION_ENV: the session's, with the CLI's own additions); a test that sets anything else
-gets a cold `python -m` (runs.run_cli and runs.start_cli fall back). So do runs that must start cold: the fault hooks'
+gets a cold `python -m` (runs.run_cli and runs.start_cli fall back), as every run does with SLIME_HYDRA_TEST_COLD_CLI=1. So do runs that must start cold: the fault hooks'
 sitecustomize (tests/engine/test_checkpoint.py), `ray job submit`, the megatron CPU shim's entry point.
 """
 
@@ -89,7 +89,8 @@ def _exec_module(module: str, argv: list[str], cwd: str, env: dict[str, str], se
 def usable(env: dict[str, str]) -> bool:
     """Whether a run with `env` may fork from the forkserver: the environment is the one it imported under."""
     strip = lambda e: {k: v for k, v in e.items() if k not in PER_TEST}  # noqa: E731
-    return bool(SESSION_ENV) and strip(env) == strip(SESSION_ENV) and sys.platform == "linux"
+    return (bool(SESSION_ENV) and strip(env) == strip(SESSION_ENV) and sys.platform == "linux"
+            and not os.environ.get("SLIME_HYDRA_TEST_COLD_CLI"))
 
 
 def _start() -> list[str]:

@@ -9,7 +9,10 @@ its ServerArgs, key included). /proc/<pid>/cmdline, which every user of the node
 A CPU server (`--device cpu`) forks its scheduler and detokenizer instead of spawning them: they start with the
 modules the server has already imported, where spawned ones import SGLang, transformers and torch again (an engine of
 the tiny model answered /health after 16 s instead of 27 s on an idle two-core machine). SGLang asks for spawn because
-CUDA cannot be forked; a CPU server holds no CUDA state, so its children are forked.
+CUDA cannot be forked; a CPU server holds no CUDA state, so its children are forked. A CPU server also leaves FlashInfer
+(CUDA kernels only) unimported: SGLang imports it where it is optional (FP4 quantization, behind an ImportError), and
+it was 1.7 of the 13.6 CPU-seconds a CPU server's imports took (`import sglang.launch_server,
+sglang.srt.entrypoints.http_server` under /usr/bin/time, twice each way).
 """
 
 from __future__ import annotations
@@ -48,6 +51,11 @@ def forked_children() -> None:
     multiprocessing.set_start_method = fork_instead
 
 
+def without_cuda_kernels() -> None:
+    """FlashInfer reads as not installed (SGLang's optional imports of it then fall back), as nothing on CPU calls it."""
+    sys.modules.setdefault("flashinfer", None)
+
+
 def on_cpu(args: list[str]) -> bool:
     return any(a == "--device=cpu" or (a == "--device" and args[i + 1:i + 2] == ["cpu"]) for i, a in enumerate(args))
 
@@ -60,6 +68,7 @@ def main() -> None:
     sys.stdout, sys.stderr = Masked(sys.stdout, key), Masked(sys.stderr, key)
     if module == "sglang.launch_server" and on_cpu(args):
         forked_children()
+        without_cuda_kernels()
     sys.argv = [module, *args, *[f"{flag}={key}" for flag in FLAGS[module]]]  # one token: a key may begin with "-"
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
