@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from slime_hydra.app.preflight import preflight
 from slime_hydra.errors import ConfigError
 from tests.support import warm_cli
 
@@ -76,6 +75,8 @@ def start_cli(args: list[str], cwd: Path, new_session: bool = False, **env: str)
 
 def problems_of(overrides: list[str], multirun: bool = False) -> list[str]:
     """Every problem validation reports for `overrides` (it must refuse them)."""
+    from slime_hydra.app.preflight import preflight  # here: conftest imports this module, and the stack stays unimported
+
     with pytest.raises(ConfigError) as info:
         preflight(overrides, multirun=multirun)
     return info.value.problems
