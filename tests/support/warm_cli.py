@@ -29,7 +29,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-# what a run of the embedded default imports, in the order it does (measured: `python -X importtime -m slime_hydra`)
+# preloaded by the forkserver: that module imports what a run of the embedded default imports (`python -X importtime`)
 IMPORTS = ["tests.support.warm_cli_imports"]
 
 # the environment the forkserver imports under: a CLI child's environment as the session began (conftest sets it)
