@@ -167,7 +167,12 @@ def test_killed_server_is_relaunched_through_its_actor_and_resynced(ray_run):
     got = out["samples"]
     assert len(got) == 16 * 4 and len({(s.group_index, s.index) for s in got}) == 16 * 4
     assert all(s.status in (Status.COMPLETED, Status.TRUNCATED) and s.response_length >= 1 for s in got)
-    assert e.healthy.wait(timeout=240), e.process.log_tail()
+    # the monitor relaunches it: until it has seen the death, `healthy` is still the old server's (a rollout that ended
+    # before the kill lands returns with the flag set and nothing relaunched yet)
+    deadline = time.monotonic() + 240
+    while not (e.launches == 2 and e.healthy.is_set()):
+        assert time.monotonic() < deadline, e.process.log_tail()
+        time.sleep(0.2)
     assert e.restarts == 1 and e.launches == 2
     assert e.process.pid != old and ppid(e.process.pid) == actor_pid == r.group.launcher.actor_pids[0]  # the same actor
     # resynced by the rank over a new group (the relaunched server has none of the old one's state)
