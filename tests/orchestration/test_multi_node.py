@@ -51,7 +51,12 @@ def two_nodes():
         ray.shutdown()
     shim.install()
     common = {"node_ip_address": "127.0.0.1", "temp_dir": run_temp_dir(), "object_store_memory": 200 * 1024 * 1024}
-    with loopback_node():
+    # Cluster writes the head's address to $RAY_TMPDIR/ray/ray_current_cluster (/tmp/ray without it), a directory a
+    # fresh machine does not have and one that every Ray user on the node reads: the module's own, beside its cluster
+    address_dir = Path(common["temp_dir"]).parent
+    (address_dir / "ray").mkdir()
+    with pytest.MonkeyPatch.context() as env, loopback_node():
+        env.setenv("RAY_TMPDIR", str(address_dir))
         cluster = Cluster(initialize_head=True, head_node_args={**common, "num_cpus": 0, "include_dashboard": False})
         workers = [cluster.add_node(**common, num_cpus=NODE_CPUS) for _ in range(2)]
         root = str(Path(__file__).resolve().parents[2])

@@ -96,12 +96,19 @@ def test_an_mlflow_server_killed_mid_run_costs_points_not_the_run(tmp_path):
     server = _start_mlflow(tmp_path / "server")
     uri = server["uri"]
     try:
+        # The server answers /health before its store's first query: under a loaded tier that first query took over
+        # the run's 10 s request deadline and the run stopped at start (a store that cannot be opened is an error).
+        # The test is about a server lost mid-run: it makes its server's first query itself, and gives the run's
+        # requests the deadline of a loaded machine (a refused connection after the kill fails at once either way).
+        client = MlflowClient(uri)
+        client.search_experiments()
         args = ["logger.progress_bar=false", *FAST, "num_rollout=8", "save_interval=1", "eval=none", "warmstart=none",
-                f"logger.tracking_uri={uri}", "logger.tracker_retry_backoff_s=0.2", f"hydra.run.dir={tmp_path}/run",
+                f"logger.tracking_uri={uri}", "logger.tracker_retry_backoff_s=0.2", "logger.tracker_timeout_s=60",
+                f"hydra.run.dir={tmp_path}/run",
                 "+reward.custom_rm={_target_:tests.support.plugins.slow_reward,seconds:0.03}"]
         proc = subprocess.Popen([sys.executable, "-m", "slime_hydra", *args], cwd=tmp_path, env=cli_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        client, deadline = MlflowClient(uri), time.monotonic() + 600
+        deadline = time.monotonic() + 600
         while time.monotonic() < deadline:  # kill the server once the run has logged step 2
             exp = client.get_experiment_by_name("slime_hydra")
             runs = client.search_runs([exp.experiment_id]) if exp else []

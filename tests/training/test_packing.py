@@ -226,12 +226,21 @@ def megatron_run(cfg, hf, qkv_format: str, algo: AlgorithmConfig, **train_kw) ->
             "micro_batches": [mb.idx.tolist() for mb in b.runner.micro_batches(batch, torch.arange(4))]}
 
 
+# Log-probs after the two optimizer steps: packed and padded (or micro-batches of 1 and the token budget) sum the same
+# gradients in a different order, and which order rounds how depends on the CPU's BLAS kernels (AVX2 or AVX-512). Adam's
+# first steps move a weight by about lr whatever its gradient's size, so a rounding difference in a near-zero gradient
+# moves that weight by up to 2 x lr (1e-3 here) either way: measured on an AVX-512 machine, up to 4.4e-5 in the
+# log-probs (the AVX2 machines before: under 1e-5). A packing error (a token in the wrong row or position, a wrong
+# normalisation) shows in the losses and gradient norms, compared at `tol`, and in the log-probs before the steps.
+AFTER_STEPS_TOL = 1e-4
+
+
 def assert_megatron_same(padded: dict, packed: dict, tag: str, tol: float = 1e-5):
     from tests.support.megatron_cpu.workers import uneven_batch
 
     real = uneven_batch().attention_mask[:, 1:].bool()
-    for key in ("before", "after"):
-        assert_close(packed[key][real], padded[key][real], rtol=0, atol=tol, msg=lambda m: f"{tag} {key}: {m}")
+    for key, atol in (("before", tol), ("after", max(tol, AFTER_STEPS_TOL))):
+        assert_close(packed[key][real], padded[key][real], rtol=0, atol=atol, msg=lambda m: f"{tag} {key}: {m}")
         assert (packed[key][~real] == 0).all()
     assert padded["metrics"].keys() == packed["metrics"].keys()
     for key, v in padded["metrics"].items():
