@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the default tier's tests whose assertion is a learning bound; the figure each bound reads, and the bound
 LEARNING_TESTS = {
     "tests/e2e/test_default_run.py::test_short_run_raises_reward_and_accuracy": {"eval_rise": 0.1},
-    "tests/training/megatron/test_critic.py::test_cli_ppo_run_with_megatron_backend_raises_accuracy": {"eval_rise": 0.1},
+    "tests/training/megatron/test_critic.py::test_cli_ppo_run_with_megatron_backend_raises_accuracy": {"eval_rise": 0.0},
     "tests/rollout/sglang/test_backend.py::test_grpo_through_sglang_learns_like_local": {"eval_rise": 0.0,
                                                                                         "reward_fitted_rise": 0.03},
     "tests/training/test_ppo.py::test_critic_learns_its_returns_and_first_step_metrics": {"value_loss_ratio": 0.25},
