@@ -22,6 +22,7 @@ assumed to see the same directory, as megatron's own checkpointing assumes.
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 from pathlib import Path
 
@@ -70,6 +71,19 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _write_results_in_process() -> None:
+    """megatron's torch_dist writer returns its write results through a queue of a multiprocessing Manager it spawns
+    at a process's first save (filesystem_async._get_write_results_queue): a fresh interpreter per rank, which imports
+    the rank's __main__ again (a Ray worker's, the CLI's) for seconds of CPU, then idles until the rank ends. It serves
+    megatron's asynchronous save, whose writer runs in another process; a synchronous save, the only kind made here,
+    fills and reads that queue in the rank's own process (the writer's forked children report over a queue of their
+    own), so a thread queue serves it. megatron-core 0.16.1's name; another version without it keeps its own queue."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async, "_results_queue", "absent") is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
 def save(path: str | Path, model, optimizer, ref=None, extra: dict | None = None, critic=None) -> Path:
     """Collective: every rank calls it with its own shards (critic: ppo's (model, optimizer)). Returns `<path>/megatron`."""
     root = Path(path)
@@ -83,6 +97,7 @@ def save(path: str | Path, model, optimizer, ref=None, extra: dict | None = None
     sd["extra"] = dict(extra or {})
     sd["optimizer_layout"] = _optimizer_layout(optimizer)
     sd["parts"] = {"critic": critic is not None}  # check_loadable: a PPO run resumes only from a checkpoint with one
+    _write_results_in_process()
     dist_checkpointing.save(sd, str(tmp), content_metadata=_OPT_METADATA)
     _barrier()
     if rank0:

@@ -142,6 +142,21 @@ def test_same_layout_resume_from_megatron_checkpoint_is_exact(single):
     assert got["steps_done"] == 4  # 2 rollouts x num_steps_per_rollout=2
 
 
+def test_a_save_leaves_no_process_behind(single):
+    """megatron's writer returns its results over the queue of a multiprocessing Manager it would spawn at a process's
+    first save (a fresh interpreter per rank, importing the rank's __main__ again); the synchronous save hands them over
+    a thread queue in the rank's own process (training/megatron/checkpoint.py), and the save in `single` (resumed
+    bit-exact above) left no Manager process running."""
+    import multiprocessing
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    assert (single[3] / "tp1_ckpt" / "megatron" / "metadata.json").is_file()
+    assert isinstance(filesystem_async._results_queue, queue.Queue)
+    assert [p.name for p in multiprocessing.active_children() if "Manager" in p.name] == []
+
+
 @pytest.mark.slow  # ~20 s each here (the engine's first imports, two builds, three dist checkpoint saves)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_engine_resume_through_megatron_checkpoints_is_exact(single, tmp_path, dtype):
