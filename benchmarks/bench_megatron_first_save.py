@@ -13,6 +13,8 @@ Run: .venv/bin/python -m benchmarks.bench_megatron_first_save [--rounds 3]
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import statistics
 import tempfile
 import time
@@ -67,11 +69,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     rounds = parser.parse_args().rounds
+    # a cluster as a run's own starts (orchestration/local_cluster.py): token auth, loopback, a temp dir of its own;
+    # both variables are read once, at Ray's import
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False,
-             runtime_env={"worker_process_setup_hook": "tests.support.megatron_cpu.shim.install",
-                          "env_vars": {"PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE"}})
+    from slime_hydra.orchestration.local_cluster import loopback_node, run_temp_dir
+
+    with loopback_node():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False,
+                 _temp_dir=run_temp_dir(),
+                 runtime_env={"worker_process_setup_hook": "tests.support.megatron_cpu.shim.install",
+                              "env_vars": {"PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE"}})
     Rank = rank_class()
     figures: dict[str, list[tuple[float, float]]] = {"spawned Manager": [], "in process": []}
     with tempfile.TemporaryDirectory(prefix="bench_first_save_") as tmp:
