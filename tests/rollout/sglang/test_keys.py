@@ -117,18 +117,21 @@ def test_a_key_beginning_with_a_dash_reaches_the_routers_parser_as_the_key(monke
 
 def test_a_cpu_server_forks_its_children_and_a_gpu_server_spawns_them(monkeypatch):
     """SGLang asks for spawn (CUDA cannot be forked); a CPU server's scheduler and detokenizer are forked instead, so
-    they start from the modules the server imported, and FlashInfer is left unimported. The engines the tests start run
-    so (tests/rollout/sglang/)."""
+    they start from the modules the server imported, and FlashInfer is left unimported. Every server leaves
+    scikit-learn unimported. The engines the tests start run so (tests/rollout/sglang/)."""
+    import importlib.util
     import multiprocessing
     import runpy
 
     from slime_hydra.rollout.sglang import keyed
     from slime_hydra.rollout.sglang.endpoint import KEY_ENV
 
-    methods, flashinfer = {}, {}
+    methods, flashinfer, sklearn = {}, {}, {}
     monkeypatch.setitem(sys.modules, "flashinfer", None)  # what this process had is restored after the test
+    monkeypatch.setitem(sys.modules, "sklearn", None)
     for device in ("cpu", "cuda"):
         sys.modules.pop("flashinfer")
+        sys.modules.pop("sklearn")
         chosen = []  # what reaches multiprocessing (recorded, not set: this process keeps its own)
         monkeypatch.setattr(multiprocessing, "set_start_method", lambda method, force=False: chosen.append(method))
         monkeypatch.setenv(KEY_ENV, "k" * 43)
@@ -139,6 +142,7 @@ def test_a_cpu_server_forks_its_children_and_a_gpu_server_spawns_them(monkeypatc
         def server(module, **kw):  # what SGLang's launcher does first; and whether its import of FlashInfer can find it
             multiprocessing.set_start_method("spawn", force=True)
             flashinfer[device] = "blocked" if "flashinfer" in sys.modules and sys.modules["flashinfer"] is None else "free"
+            sklearn[device] = importlib.util.find_spec("sklearn")  # transformers' check: None reads as not installed
 
         monkeypatch.setattr(runpy, "run_module", server)
         keyed.main()
@@ -147,4 +151,5 @@ def test_a_cpu_server_forks_its_children_and_a_gpu_server_spawns_them(monkeypatc
     # a CPU server reads FlashInfer (CUDA kernels only) as not installed (an import raises ImportError, which SGLang's
     # optional import of it falls back from); a GPU server imports it as usual
     assert flashinfer == {"cpu": "blocked", "cuda": "free"}
+    assert sklearn == {"cpu": None, "cuda": None}
     assert keyed.on_cpu(["--device=cpu"]) and not keyed.on_cpu(["--device"]) and not keyed.on_cpu(["--model-path", "cpu"])
