@@ -42,13 +42,26 @@ def mlflow_db(path: Path) -> str:
 # set by init_parallel in this process once an in-process backend ran (and its port still bound by that store): a CLI
 # child that inherited them would try to listen on the same port for its own process group
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+# written into this process's environment by the libraries the tests use in-process: `import ray` sets
+# RAY_CLIENT_MODE=0 (its default), ray.init PYTHONBREAKPOINT (its driver's debugger hook), torch's inductor its cache
+# directory, MLflow its telemetry session. A user's shell has none of them; a CLI child gets each as it was when this
+# module was first imported (by conftest, before any test ran). Inherited, they also sent every later CLI run of the
+# xdist worker to a cold interpreter: its environment no longer matched the one the warm interpreter imported under.
+LIBRARY_SET_ENV = ("RAY_CLIENT_MODE", "PYTHONBREAKPOINT", "TORCHINDUCTOR_CACHE_DIR", "_MLFLOW_TELEMETRY_SESSION_ID")
+_LIBRARY_SET_ENV_AT_START = {k: os.environ[k] for k in LIBRARY_SET_ENV if k in os.environ}
 
 
 def cli_env() -> dict[str, str]:
     """This process's environment for a CLI child: unbuffered, this checkout first on the path, no distributed rendezvous."""
-    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
+    drop = (*DIST_ENV, *LIBRARY_SET_ENV)
+    env = {k: v for k, v in os.environ.items() if k not in drop} | _LIBRARY_SET_ENV_AT_START
     path = [str(ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     return env | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
+
+
+# this process's CLI runs by how they started: forked from the warm interpreter, or a fresh one (the megatron shim's
+# entry point, an environment of their own); the session prints the sums (conftest.py)
+CLI_STARTS = {"warm": 0, "cold": 0}
 
 
 def run_cli(args: list[str], cwd: Path, timeout: int = 600, module: str = "slime_hydra") -> subprocess.CompletedProcess:
@@ -57,7 +70,9 @@ def run_cli(args: list[str], cwd: Path, timeout: int = 600, module: str = "slime
     that already imported the stack (tests/support/warm_cli.py); any other environment gets a fresh interpreter."""
     env = cli_env()
     if module == "slime_hydra" and warm_cli.usable(env):
+        CLI_STARTS["warm"] += 1
         return warm_cli.run(module, args, cwd, env, timeout)
+    CLI_STARTS["cold"] += 1
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -68,7 +83,9 @@ def start_cli(args: list[str], cwd: Path, new_session: bool = False, **env: str)
     session and process group (start_new_session), for a test that signals the group. env: added to cli_env()."""
     full = cli_env() | env
     if warm_cli.usable(full):
+        CLI_STARTS["warm"] += 1
         return warm_cli.Process("slime_hydra", args, cwd, full, new_session=new_session)
+    CLI_STARTS["cold"] += 1
     return subprocess.Popen([sys.executable, "-m", "slime_hydra", *args], cwd=cwd, env=full, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=new_session)
 
