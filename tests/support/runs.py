@@ -42,12 +42,19 @@ def mlflow_db(path: Path) -> str:
 # set by init_parallel in this process once an in-process backend ran (and its port still bound by that store): a CLI
 # child that inherited them would try to listen on the same port for its own process group
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
-# written into this process's environment by the libraries the tests use in-process: `import ray` sets
-# RAY_CLIENT_MODE=0 (its default), ray.init PYTHONBREAKPOINT (its driver's debugger hook), torch's inductor its cache
-# directory, MLflow its telemetry session. A user's shell has none of them; a CLI child gets each as it was when this
-# module was first imported (by conftest, before any test ran). Inherited, they also sent every later CLI run of the
-# xdist worker to a cold interpreter: its environment no longer matched the one the warm interpreter imported under.
-LIBRARY_SET_ENV = ("RAY_CLIENT_MODE", "PYTHONBREAKPOINT", "TORCHINDUCTOR_CACHE_DIR", "_MLFLOW_TELEMETRY_SESSION_ID")
+# written into this process's environment by the libraries the tests use in-process (found by diffing os.environ after
+# each test of the tier): `import ray` sets RAY_CLIENT_MODE=0 (its default) and ray.init PYTHONBREAKPOINT (its driver's
+# debugger hook); torch's inductor its cache directory and, when it compiles, the KMP_* OpenMP switches; megatron-core
+# the NVTE_* attention switches; SGLang's imports its kernel caches; MLflow its telemetry session; wandb its service.
+# A user's shell has none of them; a CLI child gets each as it was when this module was first imported (by conftest,
+# before any test ran). Inherited, they also sent every later CLI run of the xdist worker to a cold interpreter: its
+# environment no longer matched the one the warm interpreter imported under.
+LIBRARY_SET_ENV = ("RAY_CLIENT_MODE", "PYTHONBREAKPOINT",
+                   "TORCHINDUCTOR_CACHE_DIR", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK",
+                   "NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN",
+                   "TRITON_CACHE_DIR", "TRITON_PTXAS_BLACKWELL_PATH", "CUTE_DSL_CACHE_DIR", "CUDA_CACHE_PATH",
+                   "TILELANG_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
+                   "_MLFLOW_TELEMETRY_SESSION_ID", "WANDB_SERVICE")
 _LIBRARY_SET_ENV_AT_START = {k: os.environ[k] for k in LIBRARY_SET_ENV if k in os.environ}
 
 
