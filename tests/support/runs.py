@@ -45,15 +45,17 @@ DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 # written into this process's environment by the libraries the tests use in-process (found by diffing os.environ after
 # each test of the tier): `import ray` sets RAY_CLIENT_MODE=0 (its default) and ray.init PYTHONBREAKPOINT (its driver's
 # debugger hook); torch's inductor its cache directory and, when it compiles, the KMP_* OpenMP switches; megatron-core
-# the NVTE_* attention switches; SGLang's imports its kernel caches; MLflow its telemetry session; wandb its service.
+# the NVTE_* attention switches; SGLang's imports its kernel caches and DeepGEMM's and TensorRT-LLM's settings; MLflow
+# its telemetry session; wandb its service.
 # A user's shell has none of them; a CLI child gets each as it was when this module was first imported (by conftest,
 # before any test ran). Inherited, they also sent every later CLI run of the xdist worker to a cold interpreter: its
-# environment no longer matched the one the warm interpreter imported under.
+# environment no longer matched the one the warm interpreter imported under (every CLI run of the whole tier, 58 of
+# 58, before the last three keys joined). A key a library adds later shows as cold runs in the session's summary line.
 LIBRARY_SET_ENV = ("RAY_CLIENT_MODE", "PYTHONBREAKPOINT",
                    "TORCHINDUCTOR_CACHE_DIR", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK",
                    "NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN",
                    "TRITON_CACHE_DIR", "TRITON_PTXAS_BLACKWELL_PATH", "CUTE_DSL_CACHE_DIR", "CUDA_CACHE_PATH",
-                   "TILELANG_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
+                   "TILELANG_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "DG_JIT_CACHE_DIR", "DG_JIT_USE_NVRTC", "TLLM_LOG_LEVEL",
                    "_MLFLOW_TELEMETRY_SESSION_ID", "WANDB_SERVICE")
 _LIBRARY_SET_ENV_AT_START = {k: os.environ[k] for k in LIBRARY_SET_ENV if k in os.environ}
 
