@@ -43,7 +43,7 @@ def mlflow_db(path: Path) -> str:
 # child that inherited them would try to listen on the same port for its own process group
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 # written into this process's environment by the libraries the tests use in-process (found by diffing os.environ after
-# each test of the tier): `import ray` sets RAY_CLIENT_MODE=0 (its default) and ray.init PYTHONBREAKPOINT (its driver's
+# each test of the unit layer, and from the keys a tier run named): `import ray` sets RAY_CLIENT_MODE=0 (its default) and ray.init PYTHONBREAKPOINT (its driver's
 # debugger hook); torch's inductor its cache directory and, when it compiles, the KMP_* OpenMP switches; megatron-core
 # the NVTE_* attention switches; SGLang's imports its kernel caches and DeepGEMM's and TensorRT-LLM's settings; MLflow
 # its telemetry session; wandb its service.
