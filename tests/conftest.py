@@ -33,8 +33,10 @@ os.environ["RAY_AUTH_MODE"] = "token"
 os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
-from tests.support import warm_cli  # noqa: E402
+from tests.support import warm_cli, warm_spawn  # noqa: E402
 from tests.support.runs import CLI_STARTS, cli_env  # noqa: E402
+
+STARTS = {"cli_starts": CLI_STARTS, "rank_starts": warm_spawn.STARTS}  # counted per process, summed by the controller
 
 # CLI runs in this environment fork from a warm interpreter (tests/support/warm_cli.py); any other gets a fresh one
 warm_cli.SESSION_ENV.update(cli_env())
@@ -47,23 +49,29 @@ def workdir(tmp_path, monkeypatch):
 
 
 def pytest_sessionfinish(session):
-    if hasattr(session.config, "workerinput"):  # an xdist worker: its CLI runs go to the controller
-        session.config.workeroutput["cli_starts"] = dict(CLI_STARTS)
+    if hasattr(session.config, "workerinput"):  # an xdist worker: its counts go to the controller
+        session.config.workeroutput.update({name: dict(counts) for name, counts in STARTS.items()})
     else:  # the xdist controller, or a run without xdist: after every worker
         servers.stop_shared(session.config)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):  # the xdist controller, as each worker ends
-    for how, n in getattr(node, "workeroutput", {}).get("cli_starts", {}).items():
-        CLI_STARTS[how] += n
+    for name, counts in STARTS.items():
+        for how, n in getattr(node, "workeroutput", {}).get(name, {}).items():
+            counts[how] += n
 
 
 def pytest_terminal_summary(terminalreporter):
-    """How the session's CLI runs started: a cold start where a fork would do costs about 6 CPU-seconds more."""
+    """How the session's CLI runs and spawned rank processes started: a cold start where a fork would do costs about 6
+    CPU-seconds more."""
     if sum(CLI_STARTS.values()):
         terminalreporter.write_line(f"CLI runs: {CLI_STARTS['warm']} forked from the warm interpreter, {CLI_STARTS['cold']} "
-                                    "started cold (the megatron shim's entry point, or an environment of their own)")
+                                    "started cold (an environment of their own, or a test's own interpreter)")
+    ranks = warm_spawn.STARTS
+    if sum(ranks.values()):
+        terminalreporter.write_line(f"Spawned rank processes: {ranks['warm']} forked from the warm interpreter, "
+                                    f"{ranks['cold']} started cold")
 
 
 # Modules that start engines, rank groups or whole CLI runs, longest first, with their seconds in one sequential

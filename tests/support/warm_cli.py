@@ -12,7 +12,9 @@ when asked (start_new_session), for the tests that signal a run's process group.
 What a fork cannot reproduce is an environment read at import time. A run forks only when its environment is the one
 the forkserver imported under (SESSION_ENV: the session's, with the CLI's own additions); a test that sets anything else
 gets a cold `python -m` (runs.run_cli and runs.start_cli fall back), as every run does with SLIME_HYDRA_TEST_COLD_CLI=1. So do runs that must start cold: the fault hooks'
-sitecustomize (tests/engine/test_checkpoint.py), `ray job submit`, the megatron CPU shim's entry point.
+sitecustomize (tests/engine/test_checkpoint.py), `ray job submit`. The megatron CPU shim's entry point
+(tests/support/megatron_cpu/cli.py) forks too: the forkserver imports neither megatron-core nor what the shim blocks, so
+the shim installs in the fork as it does in a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ def usable(env: dict[str, str]) -> bool:
             and not os.environ.get("SLIME_HYDRA_TEST_COLD_CLI"))
 
 
-def _start() -> list[str]:
+def start() -> list[str]:
     """This process's forkserver with IMPORTS preloaded, started under SESSION_ENV; returns a fresh interpreter's sys.path
     (after its first entry) under that environment."""
     from multiprocessing import forkserver
@@ -122,7 +124,7 @@ class Process:
         self.args = [sys.executable, "-m", module, *argv]
         self._tmp = tempfile.TemporaryDirectory(prefix="warm_cli_")
         self._out, self._err = os.path.join(self._tmp.name, "stdout"), os.path.join(self._tmp.name, "stderr")
-        search_path = _start()
+        search_path = start()
         ctx = multiprocessing.get_context("forkserver")
         self._proc = ctx.Process(target=_exec_module, name=f"python -m {module}",
                                  args=(module, argv, str(cwd), env, search_path, self._out, self._err, new_session))

@@ -20,7 +20,7 @@ from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.errors import ConfigError
 from slime_hydra.training.microbatch import micro_batch_cost, micro_batch_indices, partition_by_tokens
 from slime_hydra.training.torch_backend import TorchTrainBackend
-from tests.support import trainers
+from tests.support import trainers, warm_spawn
 from tests.support.runs import run_cli
 from tests.support.tiny import CPU, MAX_LEN, TOK, base_model, make_batch, samples
 
@@ -260,7 +260,7 @@ def test_megatron_dp2_ranks_with_different_micro_batch_counts_give_the_single_st
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch.multiprocessing.spawn(dp2_main, args=(port, str(tmp_path)), nprocs=2, join=True)
+    warm_spawn.spawn(dp2_main, args=(port, str(tmp_path)), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"dp2_rank{r}.pt") for r in (0, 1)]
     assert ranks[0]["micro_batches"] == [[0], [2]] and ranks[1]["micro_batches"] == [[1, 3]]
     single = train_once({}, {})

@@ -19,7 +19,7 @@ from slime_hydra.app.preflight import compose_run, preflight
 from slime_hydra.config.schema import AlgorithmConfig, TrainConfig
 from slime_hydra.errors import ConfigError
 from slime_hydra.training.thd import pack, thd_logits, unpack
-from tests.support import trainers
+from tests.support import trainers, warm_spawn
 from tests.support.tiny import CASES, CPU, MAX_LEN, TOK, base_model, make_batch, samples
 
 torch.set_num_threads(1)
@@ -428,7 +428,7 @@ def test_megatron_packed_tp2_equals_padded_tp1(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch.multiprocessing.spawn(tp2_main, args=(port, str(tmp_path)), nprocs=2, join=True)
+    warm_spawn.spawn(tp2_main, args=(port, str(tmp_path)), nprocs=2, join=True)
     cfg, _, hf = workers.tiny_setup(["train.micro_batch_size=2"])
     single = megatron_run(cfg, hf, "bshd", AlgorithmConfig(**MEGATRON_CASES["token_mean-kl_loss-entropy"]))
     for rank in (0, 1):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from slime_hydra.orchestration.train_group import merge_metrics
-from tests.support import torch_ranks
+from tests.support import torch_ranks, warm_spawn
 from tests.support.servers import free_port
 
 DEADLINE_S = 180  # the spawn, the imports and one step take 20-65 s here; a rank left waiting would never finish
@@ -22,7 +22,7 @@ def test_a_torch_dp_rank_without_rows_completes_the_step_with_the_single_process
     one, before, ref = torch_ranks.one_kept_single()
     assert one["train/kept_samples"] == 1.0 and one["train/grad_norm"] > 0
     assert max((a - b).abs().max().item() for a, b in zip(ref, before)) > 1e-3  # the step moved the weights (lr 1e-2)
-    ctx = torch.multiprocessing.spawn(torch_ranks.one_kept_rank_main, args=(2, free_port(), str(tmp_path)), nprocs=2,
+    ctx = warm_spawn.spawn(torch_ranks.one_kept_rank_main, args=(2, free_port(), str(tmp_path)), nprocs=2,
                                       join=False)
     t0 = time.monotonic()
     while not ctx.join(timeout=2):

@@ -11,6 +11,7 @@ import socket
 import pytest
 import torch
 
+from tests.support import warm_spawn
 from tests.support.megatron_cpu import shim, workers
 
 
@@ -30,7 +31,7 @@ def parallel(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch.multiprocessing.spawn(workers.spawn_main, args=(2, port, str(out), list(workers.LAYOUTS)), nprocs=2, join=True)
+    warm_spawn.spawn(workers.spawn_main, args=(2, port, str(out), list(workers.LAYOUTS)), nprocs=2, join=True)
     return out
 
 

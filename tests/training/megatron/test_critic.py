@@ -12,6 +12,7 @@ import socket
 import pytest
 import torch
 
+from tests.support import warm_spawn
 from tests.support.megatron_cpu import shim, workers
 
 LAYOUTS = ("tp2", "tp2_sp", "pp2", "dp2")
@@ -36,7 +37,7 @@ def parallel(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch.multiprocessing.spawn(workers.critic_spawn_main, args=(2, port, str(out), list(LAYOUTS)), nprocs=2, join=True)
+    warm_spawn.spawn(workers.critic_spawn_main, args=(2, port, str(out), list(LAYOUTS)), nprocs=2, join=True)
     return out
 
 

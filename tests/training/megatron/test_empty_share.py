@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from tests.support import warm_spawn
 from tests.support.megatron_cpu import shim, workers
 from tests.support.servers import free_port
 
@@ -22,7 +23,7 @@ def test_a_dp_rank_without_rows_completes_the_step_with_the_single_process_numbe
     cfg, _, hf = workers.tiny_setup(workers.ONE_KEPT)
     one = workers.one_kept_run(cfg, hf, {})
     assert one["metrics"]["train/kept_samples"] == 1.0 and one["metrics"]["train/grad_norm"] > 0
-    ctx = torch.multiprocessing.spawn(workers.one_kept_spawn_main, args=(2, free_port(), str(tmp_path), ["dp2"]),
+    ctx = warm_spawn.spawn(workers.one_kept_spawn_main, args=(2, free_port(), str(tmp_path), ["dp2"]),
                                       nprocs=2, join=False)
     deadline = time.monotonic() + DEADLINE_S
     while not ctx.join(timeout=2):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.support import warm_spawn
 from tests.support.megatron_cpu import shim, workers
 from tests.support.servers import free_port
 
@@ -16,7 +17,7 @@ def test_kl_loss_with_two_pipeline_stages_equals_one(tmp_path):
     shim.install()
     cfg, _, hf = workers.tiny_setup(workers.KL)
     one = workers.kl_run(cfg, hf, {})
-    torch.multiprocessing.spawn(workers.kl_spawn_main, args=(2, free_port(), str(tmp_path), ["pp2"]), nprocs=2, join=True)
+    warm_spawn.spawn(workers.kl_spawn_main, args=(2, free_port(), str(tmp_path), ["pp2"]), nprocs=2, join=True)
     last = torch.load(tmp_path / "kl_pp2_rank1.pt")  # the metrics live on the last stage
     # rollout 1's first step is at the reference: KL 0; after it the policy has moved, and the KL term with it
     assert one["metrics"][1]["train/kl_loss"] > 1e-4, one["metrics"]
