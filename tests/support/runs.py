@@ -68,8 +68,10 @@ def cli_env() -> dict[str, str]:
     return env | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
 
 
-# this process's CLI runs by how they started: forked from the warm interpreter, or a fresh one (the megatron shim's
-# entry point, an environment of their own); the session prints the sums (conftest.py)
+# the modules whose `python -m` a CLI run may fork from the warm interpreter (the CLI, and the same under the CPU shim)
+WARM_MODULES = ("slime_hydra", "tests.support.megatron_cpu.cli")
+# this process's CLI runs by how they started: forked from the warm interpreter, or a fresh one (an environment of
+# their own); the session prints the sums (conftest.py)
 CLI_STARTS = {"warm": 0, "cold": 0}
 
 
@@ -78,7 +80,7 @@ def run_cli(args: list[str], cwd: Path, timeout: int = 600, module: str = "slime
     under the CPU shim for megatron-core). In the session's own environment the process is a fork of an interpreter
     that already imported the stack (tests/support/warm_cli.py); any other environment gets a fresh interpreter."""
     env = cli_env()
-    if module == "slime_hydra" and warm_cli.usable(env):
+    if module in WARM_MODULES and warm_cli.usable(env):
         CLI_STARTS["warm"] += 1
         return warm_cli.run(module, args, cwd, env, timeout)
     CLI_STARTS["cold"] += 1
