@@ -9,10 +9,7 @@ still in the final buffer, never both, never twice.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +17,7 @@ import pytest
 
 from slime_hydra.app.preflight import compose_run
 from slime_hydra.errors import ConfigError
-from tests.support.runs import FAST
+from tests.support.runs import FAST, start_cli
 
 
 def test_async_turns_on_rollout_logprobs_and_checks_its_keys():
@@ -48,12 +45,11 @@ ARGS = FAST + ["logger=none", "train_mode=async", "num_rollout=10", "save_interv
                "rollout.rollout_stop_token_ids=[4,5,6,7,8,9,10,11,12,13]", "eval=none"]
 
 
-def start(work: Path, name: str, extra: list[str]) -> subprocess.Popen:
+def start(work: Path, name: str, extra: list[str]):
+    """The CLI started, its output appended to work/<name>.log."""
     args = ARGS + [f"save={work}/{name}_ckpt", f"hydra.run.dir={work}/{name}",
                    f"save_debug_rollout_data={work}/{name}_rollouts", *extra]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "slime_hydra", *args], cwd=work, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return start_cli(args, work, log=work / f"{name}.log")
 
 
 def trained(rollouts: Path) -> dict[int, list[tuple]]:
@@ -73,15 +69,15 @@ def killed_and_resumed(tmp_path_factory):
     latest = work / "run_ckpt" / "latest"
     deadline = time.time() + 300
     while not (latest.is_file() and latest.read_text().strip() == "rollout_000003"):
-        assert victim.poll() is None, victim.stdout.read()[-3000:]
+        assert victim.poll() is None, (work / "run.log").read_text()[-3000:]
         assert time.time() < deadline
         time.sleep(0.05)
     victim.send_signal(signal.SIGKILL)  # mid-run: rollout 4 is generating or training
     victim.wait()
     resumed = start(work, "run", [f"load={work}/run_ckpt"])
-    for p in (ref, resumed):
-        out, _ = p.communicate(timeout=300)
-        assert p.returncode == 0, out[-3000:]
+    for p, name in ((ref, "ref"), (resumed, "run")):
+        p.wait(timeout=300)
+        assert p.returncode == 0, (work / f"{name}.log").read_text()[-3000:]
     return work
 
 

@@ -11,6 +11,7 @@ raises ENOSPC from the writer itself.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -29,9 +30,8 @@ from safetensors.torch import load_file, save_file
 
 from slime_hydra.engine.checkpoint import CheckpointError, load_state, resolve_checkpoint, save_checkpoint
 from tests.support.crafted import crafted_state
-from tests.support.runs import FAST
+from tests.support.runs import FAST, cli_env, run_cli, start_cli
 
-CLI = str(Path(sys.executable).parent / "slime-hydra")
 HOOKS = str(Path(__file__).resolve().parents[1] / "support" / "fault_hooks")
 ARGS = FAST + ["logger=none", "num_rollout=6", "save_interval=2", "seed=7", "eval=none"]  # checkpoints 1, 3, 5
 FINAL = "rollout_000005"
@@ -41,14 +41,15 @@ SEED = int(os.environ.get("SLIME_HYDRA_FAULT_SEED") or time.time_ns() % 2**31)
 # ------------------------------------------------------------------------------------ real runs of the CLI
 
 
-def start(work: Path, name: str, extra: list[str], fsync_delay_s: float = 0.0, fsync_hang_on: str = "") -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def start(work: Path, name: str, extra: list[str], fsync_delay_s: float = 0.0, fsync_hang_on: str = ""):
+    """The CLI started in its own session (killpg reaches only it), its output appended to work/<name>.log. With the
+    fault hooks it starts in a fresh interpreter (their sitecustomize runs at start-up); otherwise it may fork warm."""
+    hooks = {}
     if fsync_delay_s or fsync_hang_on:
-        env |= {"PYTHONPATH": os.pathsep.join(p for p in (HOOKS, env.get("PYTHONPATH")) if p),
-                "SLIME_HYDRA_TEST_FSYNC_DELAY_S": str(fsync_delay_s), "SLIME_HYDRA_TEST_FSYNC_HANG_ON": fsync_hang_on}
-    log = open(work / f"{name}.log", "a")
-    return subprocess.Popen([CLI, *ARGS, f"hydra.run.dir={work}/{name}", *extra], cwd=work, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)  # its own group: killpg reaches only it
+        hooks = {"PYTHONPATH": os.pathsep.join([HOOKS, cli_env()["PYTHONPATH"]]),
+                 "SLIME_HYDRA_TEST_FSYNC_DELAY_S": str(fsync_delay_s), "SLIME_HYDRA_TEST_FSYNC_HANG_ON": fsync_hang_on}
+    return start_cli([*ARGS, f"hydra.run.dir={work}/{name}", *extra], work, new_session=True, log=work / f"{name}.log",
+                     **hooks)
 
 
 def output(work: Path, name: str) -> str:
@@ -71,7 +72,8 @@ def kill_when(proc: subprocess.Popen, work: Path, name: str, ready, what: str, d
         assert time.monotonic() < deadline, f"no {what} within {deadline_s} s"
         time.sleep(0.002)
     time.sleep(then_s)
-    os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):  # a run forked warm that ended meanwhile is reaped, its group gone
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
 
 
@@ -150,8 +152,11 @@ def test_killed_at_a_random_moment_resumes_exactly(reference):
     """SIGKILL at a random moment after the first checkpoint (generating, training, saving, between), no slowdown."""
     work, ref = reference
     root, rng = work / "c_ckpt", random.Random(SEED + 1)
+    # the moment: uniform over the uninterrupted run's time from its first checkpoint to its last (1-2 s on two idle
+    # cores, more under load), not a fixed span the run may finish inside
+    span = (ref() / FINAL).stat().st_mtime - (ref() / "rollout_000001").stat().st_mtime
     victim = start(work, "c", [f"save={root}"])
-    then = rng.uniform(0, 1.5)
+    then = rng.uniform(0, span)
     kill_when(victim, work, "c", lambda: latest(root) is not None, "first checkpoint", then_s=then)
     at_kill = latest(root)
     if at_kill == FINAL:
@@ -189,8 +194,8 @@ def test_broken_checkpoint_named_directly_exits_2_naming_the_file(reference, tmp
     shutil.copytree(ref(), root)
     weights = root / FINAL / "model.safetensors"
     os.truncate(weights, weights.stat().st_size // 2)
-    proc = subprocess.run([CLI, *ARGS, f"hydra.run.dir={tmp_path}/run", f"load={root / FINAL}", f"save={tmp_path}/s"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    proc = run_cli([*ARGS, f"hydra.run.dir={tmp_path}/run", f"load={root / FINAL}", f"save={tmp_path}/s"], tmp_path,
+                   timeout=240)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert f"load={root / FINAL}: the checkpoint is broken:" in proc.stderr
     assert f"{weights}: {weights.stat().st_size} bytes, the manifest records {2 * weights.stat().st_size}" in proc.stderr
@@ -206,8 +211,8 @@ def test_a_checkpoint_whose_state_runs_a_command_stops_the_run_before_it_runs(re
     root, marker = tmp_path / "copy", tmp_path / "ran"
     shutil.copytree(ref(), root)
     bad = crafted_state(root / FINAL, marker)
-    proc = subprocess.run([CLI, *ARGS, f"hydra.run.dir={tmp_path}/run", f"load={root}", f"save={tmp_path}/s"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    proc = run_cli([*ARGS, f"hydra.run.dir={tmp_path}/run", f"load={root}", f"save={tmp_path}/s"], tmp_path,
+                   timeout=240)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert f"error: {bad}: refused: its pickle asks to run code when loaded (" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and not marker.exists()

@@ -88,15 +88,20 @@ def run_cli(args: list[str], cwd: Path, timeout: int = 600, module: str = "slime
                           text=True, timeout=timeout)
 
 
-def start_cli(args: list[str], cwd: Path, new_session: bool = False, **env: str):
+def start_cli(args: list[str], cwd: Path, new_session: bool = False, log: Path | None = None, **env: str):
     """`python -m slime_hydra ARGS` in `cwd` started, not waited for: a Popen (stdout and stderr read as text by
     communicate), or the same surface over a fork of the warm interpreter where run_cli would fork. new_session: its own
-    session and process group (start_new_session), for a test that signals the group. env: added to cli_env()."""
+    session and process group (start_new_session), for a test that signals the group. log: stdout and stderr both
+    appended to that file instead of pipes (read the file, not communicate's result). env: added to cli_env()."""
     full = cli_env() | env
     if warm_cli.usable(full):
         CLI_STARTS["warm"] += 1
-        return warm_cli.Process("slime_hydra", args, cwd, full, new_session=new_session)
+        return warm_cli.Process("slime_hydra", args, cwd, full, new_session=new_session, log=log)
     CLI_STARTS["cold"] += 1
+    if log is not None:
+        with open(log, "a") as out:
+            return subprocess.Popen([sys.executable, "-m", "slime_hydra", *args], cwd=cwd, env=full, stdout=out,
+                                    stderr=subprocess.STDOUT, text=True, start_new_session=new_session)
     return subprocess.Popen([sys.executable, "-m", "slime_hydra", *args], cwd=cwd, env=full, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=new_session)
 

@@ -6,8 +6,8 @@ with IMPORTS preloaded), and each run is a fork of it that runs the package's `_
 sys.path, the working directory and the environment are the run's own, multiprocessing sees a main process; stdout and
 stderr are files (so the run's children write to them too); it ends as that interpreter ends: SystemExit's code, 1 with
 the traceback for an uncaught error, death by SIGINT for an uncaught KeyboardInterrupt, threads joined and atexit
-handlers run first. `Process` gives Popen's surface (pid, poll, wait, communicate, returncode), in a session of its own
-when asked (start_new_session), for the tests that signal a run's process group.
+handlers run first. `Process` gives Popen's surface (pid, poll, wait, communicate, send_signal, kill, returncode), in a
+session of its own when asked (start_new_session), for the tests that signal a run's process group.
 
 What a fork cannot reproduce is an environment read at import time. A run forks only when its environment is the one
 the forkserver imported under (SESSION_ENV: the session's, with the CLI's own additions); a test that sets anything else
@@ -118,12 +118,15 @@ def start() -> list[str]:
 
 class Process:
     """A forked CLI run with subprocess.Popen's surface for what the tests use: pid, poll, wait, communicate (text),
-    returncode (negative: the signal that ended it)."""
+    send_signal, kill, returncode (negative: the signal that ended it)."""
 
-    def __init__(self, module: str, argv: list[str], cwd: Path, env: dict[str, str], new_session: bool = False):
+    def __init__(self, module: str, argv: list[str], cwd: Path, env: dict[str, str], new_session: bool = False,
+                 log: Path | None = None):
         self.args = [sys.executable, "-m", module, *argv]
         self._tmp = tempfile.TemporaryDirectory(prefix="warm_cli_")
         self._out, self._err = os.path.join(self._tmp.name, "stdout"), os.path.join(self._tmp.name, "stderr")
+        if log is not None:  # both streams appended to one file, as Popen(stdout=file, stderr=STDOUT)
+            self._out = self._err = str(log)
         search_path = start()
         ctx = multiprocessing.get_context("forkserver")
         self._proc = ctx.Process(target=_exec_module, name=f"python -m {module}",
@@ -155,8 +158,13 @@ class Process:
     def kill(self) -> None:
         self._proc.kill()
 
+    def send_signal(self, sig: int) -> None:
+        if self._proc.exitcode is None:  # as Popen: nothing once it has ended
+            os.kill(self.pid, sig)
+
     def _read(self) -> tuple[str, str]:
-        return tuple(Path(f).read_text(errors="replace") if os.path.exists(f) else "" for f in (self._out, self._err))
+        read = lambda f: Path(f).read_text(errors="replace") if os.path.exists(f) else ""  # noqa: E731
+        return (read(self._out), "" if self._err == self._out else read(self._err))
 
     def __del__(self):
         if self._proc.exitcode is not None:

@@ -7,14 +7,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from slime_hydra.tracking.retrying import RetryingTracker, steps_text
-from tests.support.runs import FAST, cli_env
+from tests.support.runs import FAST, start_cli
 
 
 class Flaky:
@@ -106,8 +104,7 @@ def test_an_mlflow_server_killed_mid_run_costs_points_not_the_run(tmp_path):
                 f"logger.tracking_uri={uri}", "logger.tracker_retry_backoff_s=0.2", "logger.tracker_timeout_s=60",
                 f"hydra.run.dir={tmp_path}/run",
                 "+reward.custom_rm={_target_:tests.support.plugins.slow_reward,seconds:0.03}"]
-        proc = subprocess.Popen([sys.executable, "-m", "slime_hydra", *args], cwd=tmp_path, env=cli_env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = start_cli(args, tmp_path)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:  # kill the server once the run has logged step 2
             exp = client.get_experiment_by_name("slime_hydra")
