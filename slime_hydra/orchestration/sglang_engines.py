@@ -2,11 +2,11 @@
 
 The driver keeps what it has in one process: the SGLangRollout (generation, weight sync, health monitor,
 restarts, all over HTTP) and the sglang-router in front of the engines. Only where a server process runs
-changes: `RayLauncher` (the engines.Launcher seam) places one `SGLangEngineActor` per engine on the engine's
-first bundle (its share of the bundle: `Layout.actor_options`), and the actor starts the server as its own
-child (ManagedProcess: the server's process group gets SIGTERM when the actor dies) and reports where it
-listens. A restart relaunches through the same actor, or through a new one on the same bundle if the actor
-died. Every wait on an actor is a RayCalls wait with `cluster.ray_call_timeout_s`.
+changes: `RayLauncher` (the engines.Launcher seam) places one `SGLangEngineActor` (orchestration/engine_actor.py, which
+leaves torch unimported) per engine on the engine's first bundle (its share of the bundle: `Layout.actor_options`),
+and the actor starts the server as its own child (ManagedProcess: the server's process group gets SIGTERM when the
+actor dies) and reports where it listens. A restart relaunches through the same actor, or through a new one on the same
+bundle if the actor died. Every wait on an actor is a RayCalls wait with `cluster.ray_call_timeout_s`.
 
 Weights come from the train ranks (orchestration/rank_weights.py, slime's routes; each pipeline stage's from a rank of
 that stage): colocated engines get handles to the tensors of ranks on their own node (CUDA IPC on GPUs), the others a
@@ -25,7 +25,6 @@ launch with the keys to change. On GPUs an engine of several bundles sees the GP
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -33,57 +32,10 @@ import ray
 
 from slime_hydra.errors import RunError, UserError
 from slime_hydra.orchestration.calls import RayCalls
+from slime_hydra.orchestration.engine_actor import SGLangEngineActor, probe_bundle
 from slime_hydra.orchestration.placement import Layout, on_bundle
 from slime_hydra.rollout.sglang.backend import SGLangRollout
 from slime_hydra.rollout.sglang.engines import Argv
-from slime_hydra.rollout.sglang.process import ManagedProcess, free_port
-
-
-class SGLangEngineActor:
-    """Owns one engine's server process (a Ray actor on the engine's first bundle)."""
-
-    def __init__(self, index: int):
-        self.index = index
-        self.process: Optional[ManagedProcess] = None
-
-    def where(self) -> tuple[str, str, int, list]:
-        """(node id, node ip, this actor's pid, the GPU ids Ray gave it)."""
-        return (ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid(),
-                [str(g) for g in ray.get_gpu_ids()])
-
-    def launch(self, argv: Argv, log_path: str, env: dict[str, str], port: Optional[int], host: str) -> tuple[int, int]:
-        """Start the server on `host`:`port` (a free port if None) -> (its pid, the port)."""
-        if self.process is not None:
-            self.process.stop(grace_s=2.0)
-        port = port if port is not None else free_port()
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        self.process = ManagedProcess(f"sglang-engine-{self.index}", argv(host, port), Path(log_path), env).start()
-        return self.process.pid, port
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.alive()
-
-    def returncode(self) -> Optional[int]:
-        return self.process.returncode if self.process else None
-
-    def stop(self, grace_s: float) -> None:
-        if self.process is not None:
-            self.process.stop(grace_s=grace_s)
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-
-    def log_tail(self, n: int) -> str:
-        return self.process.log_tail(n) if self.process else ""
-
-    def listens_on(self, port: int) -> bool:
-        return self.process is not None and self.process.listens_on(port)
-
-
-def probe_bundle() -> tuple[str, list]:
-    """Run on one bundle: its node and the GPU ids Ray assigned there."""
-    return ray.get_runtime_context().get_node_id(), [str(g) for g in ray.get_gpu_ids()]
 
 
 class RemoteServer:

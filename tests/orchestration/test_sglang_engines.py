@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -123,6 +124,13 @@ def rank_update_groups(rank) -> dict[int, str]:
     return ray.get(rank.__ray_call__.remote(names), timeout=60)
 
 
+def imported_in(actor, modules: tuple[str, ...]) -> list[str]:
+    """Which of `modules` the actor's worker process has imported."""
+    import ray
+
+    return ray.get(actor.__ray_call__.remote(lambda self: [m for m in modules if m in sys.modules]), timeout=60)
+
+
 def test_run_on_an_engine_actor_syncs_every_weight_update_equal(ray_run):
     from slime_hydra.orchestration.rank_weights import RankWeights
     from slime_hydra.orchestration.sglang_engines import RayLauncher, RemoteServer
@@ -134,6 +142,8 @@ def test_run_on_an_engine_actor_syncs_every_weight_update_equal(ray_run):
     (e,) = r.group.engines
     assert isinstance(e.process, RemoteServer) and e.process.alive()
     assert ppid(e.process.pid) == r.group.launcher.actor_pids[0] != os.getpid()  # the actor's child, not the driver's
+    # the actor only owns the server's process: after the whole run its worker has not imported torch
+    assert imported_in(r.group.launcher.actors[0], ("torch", "transformers", "sglang")) == []
     # the weights went from the rank over the group it opened (gloo): the driver opened none and fetched nothing
     assert isinstance(r._last_weights, RankWeights) and r._last_weights.feeders == [[0]] and r._groups == {}
     assert list(rank_update_groups(c.trainer.ranks[0])) == [0]
