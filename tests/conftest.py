@@ -14,12 +14,11 @@ from pathlib import Path
 # short embedded runs side by side, 125 s spinning, 31 s passive; alone 23 s and 33 s). The thread count, and so every
 # number, is unchanged. Set before torch is imported here; servers and children inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# One intra-op thread per process. The tier's torch work is the tiny model's (hidden size 64): a second thread per
-# process splits ops too small to gain from it, and the tier already has more processes than cores. The embedded
-# default's learning test alone, on two idle cores: 69-70 CPU-s and 72-74 s with torch's two threads, 50-54 CPU-s and
-# 51-52 s with one, the same figures to the digit (held-out 0.26 -> 0.365). Ray's rank and engine actors already
-# take one (cluster.num_threads' default under Ray); this gives the test processes, CLI runs, spawned ranks and SGLang
-# servers the same. Set before torch is imported anywhere in the session; a value in the shell wins.
+# One intra-op thread per process. The tier runs more torch processes than it has cores, so a second thread per
+# process mostly competes with the others. The embedded default's learning test alone, on two idle cores: 69-70 CPU-s
+# and 72-74 s with torch's two threads, 50-54 CPU-s and 51-52 s with one, the same figures to the digit (held-out
+# 0.26 -> 0.365). Ray's rank actors and local engine actors already take one (cluster.num_threads' default under
+# Ray); this gives the test processes, CLI runs, spawned ranks and SGLang servers the same. Set before torch is imported anywhere in the session; a value in the shell wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402

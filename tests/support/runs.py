@@ -3,6 +3,7 @@ the small fast overrides of the embedded default, and validation's problem list.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -98,12 +99,10 @@ def start_cli(args: list[str], cwd: Path, new_session: bool = False, log: Path |
         CLI_STARTS["warm"] += 1
         return warm_cli.Process("slime_hydra", args, cwd, full, new_session=new_session, log=log)
     CLI_STARTS["cold"] += 1
-    if log is not None:
-        with open(log, "a") as out:
-            return subprocess.Popen([sys.executable, "-m", "slime_hydra", *args], cwd=cwd, env=full, stdout=out,
-                                    stderr=subprocess.STDOUT, text=True, start_new_session=new_session)
-    return subprocess.Popen([sys.executable, "-m", "slime_hydra", *args], cwd=cwd, env=full, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=new_session)
+    with open(log, "a") if log is not None else contextlib.nullcontext(subprocess.PIPE) as out:
+        return subprocess.Popen([sys.executable, "-m", "slime_hydra", *args], cwd=cwd, env=full, stdout=out,
+                                stderr=subprocess.STDOUT if log is not None else subprocess.PIPE, text=True,
+                                start_new_session=new_session)
 
 
 def problems_of(overrides: list[str], multirun: bool = False) -> list[str]:
