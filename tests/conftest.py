@@ -39,13 +39,32 @@ os.environ["RAY_AUTH_MODE"] = "token"
 os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
-from tests.support import warm_cli, warm_spawn  # noqa: E402
+from tests.support import ray_worker_zygote, warm_cli, warm_spawn  # noqa: E402
 from tests.support.runs import CLI_STARTS, cli_env  # noqa: E402
 
 STARTS = {"cli_starts": CLI_STARTS, "rank_starts": warm_spawn.STARTS}  # counted per process, summed by the controller
+RAY_WORKERS: list[int] = []  # [forked, started cold]: the Ray worker processes of the session (launch logs)
 
 # CLI runs in this environment fork from a warm interpreter (tests/support/warm_cli.py); any other gets a fresh one
 warm_cli.SESSION_ENV.update(cli_env())
+
+
+def ray_python_dir(config: pytest.Config) -> Path:
+    """Where the session's launcher for Ray workers of clusters other than the head lives, with its zygotes."""
+    return servers.shared_root(config) / "ray_python"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ray_python(request):
+    """The Python that local Ray clusters of the session's CLI runs (warm_cli.RAY_PYTHON) and of its modules (a test
+    that starts one sets sys.executable to it first) start their workers with: forked from a warm interpreter where
+    a fresh one would do (tests/support/ray_worker_zygote.py). Its zygotes end with the session's controller."""
+    directory = ray_python_dir(request.config)
+    directory.mkdir(exist_ok=True)
+    controller = os.getppid() if hasattr(request.config, "workerinput") else os.getpid()
+    path = ray_worker_zygote.launcher_script(str(directory), owner=controller)
+    warm_cli.RAY_PYTHON[:] = [path]
+    return path
 
 
 @pytest.fixture
@@ -58,6 +77,10 @@ def pytest_sessionfinish(session):
     if hasattr(session.config, "workerinput"):  # an xdist worker: its counts go to the controller
         session.config.workeroutput.update({name: dict(counts) for name, counts in STARTS.items()})
     else:  # the xdist controller, or a run without xdist: after every worker
+        head = servers.ray_worker_starts(session.config)  # read before the head's temp dir goes
+        other = ray_worker_zygote.launch_counts(str(ray_python_dir(session.config)))
+        RAY_WORKERS.extend([head[0] + other[0], head[1] + other[1]])
+        ray_worker_zygote.stop_zygotes(str(ray_python_dir(session.config)))
         servers.stop_shared(session.config)
 
 
@@ -69,8 +92,8 @@ def pytest_testnodedown(node, error):  # the xdist controller, as each worker en
 
 
 def pytest_terminal_summary(terminalreporter):
-    """How the session's CLI runs and spawned rank processes started: a cold start where a fork would do costs about 6
-    CPU-seconds more."""
+    """How the session's CLI runs, spawned rank processes and Ray workers started: a cold start where a fork would do
+    costs 1 to 6 CPU-seconds more."""
     if sum(CLI_STARTS.values()):
         terminalreporter.write_line(f"CLI runs: {CLI_STARTS['warm']} forked from the warm interpreter, {CLI_STARTS['cold']} "
                                     "started cold (an environment of their own, or a test's own interpreter)")
@@ -78,6 +101,9 @@ def pytest_terminal_summary(terminalreporter):
     if sum(ranks.values()):
         terminalreporter.write_line(f"Spawned rank processes: {ranks['warm']} forked from the warm interpreter, "
                                     f"{ranks['cold']} started cold")
+    if sum(RAY_WORKERS):
+        terminalreporter.write_line(f"Ray workers (the session's head, local clusters): {RAY_WORKERS[0]} forked from a "
+                                    f"warm interpreter, {RAY_WORKERS[1]} started cold (tests/support/ray_worker_zygote.py)")
 
 
 # Modules that start engines, rank groups or whole CLI runs, longest first, with their seconds in one sequential

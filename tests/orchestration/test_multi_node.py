@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -38,7 +39,7 @@ NODE_CPUS = 2
 
 
 @pytest.fixture(scope="module")
-def two_nodes():
+def two_nodes(ray_python):
     """The module's cluster: a head without CPUs and two nodes of NODE_CPUS, loopback and token auth; this process
     joins it as a job whose workers install the megatron CPU shim."""
     import ray
@@ -57,6 +58,7 @@ def two_nodes():
     (address_dir / "ray").mkdir()
     with pytest.MonkeyPatch.context() as env, loopback_node():
         env.setenv("RAY_TMPDIR", str(address_dir))
+        env.setattr(sys, "executable", ray_python)  # the nodes' workers fork from a warm interpreter (conftest)
         cluster = Cluster(initialize_head=True, head_node_args={**common, "num_cpus": 0, "include_dashboard": False})
         workers = [cluster.add_node(**common, num_cpus=NODE_CPUS) for _ in range(2)]
         root = str(Path(__file__).resolve().parents[2])

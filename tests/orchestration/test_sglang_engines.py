@@ -22,6 +22,7 @@ import pytest
 
 from slime_hydra.app.preflight import compose_run
 from slime_hydra.types import SamplingParams, Status
+from tests.support import ray_worker_zygote
 from tests.support.runs import FAST
 from tests.support.servers import join_ray
 
@@ -90,7 +91,9 @@ def ray_run(ray_head, tmp_path_factory):
     from slime_hydra.app.session import loop_settings
     from slime_hydra.engine import loop
 
-    join_ray(ray_head, "sglang_engines")
+    # workers start cold: one forked from the tier's warm interpreter has torch imported already, which the engine
+    # actor's check below must see it leave out
+    join_ray(ray_head, "sglang_engines", env_vars={ray_worker_zygote.COLD_FLAG: "1"})
     out = tmp_path_factory.mktemp("ray_sglang")
     cfg = compose_run(ARGS)
     c = build(cfg, str(out))

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.runs import ROOT
 
-TIER_FLOOR = 1013  # tests `pytest` (the default tier: not slow, not gpu) collects
+TIER_FLOOR = 1035  # tests `pytest` (the default tier: not slow, not gpu) collects
 
 
 @pytest.mark.integration  # a whole collection in a child (~15 s): the default tier's guard, not the edit-test loop's

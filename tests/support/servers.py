@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from slime_hydra import ports
+from tests.support import ray_worker_zygote
 
 BIN = Path(sys.executable).parent
 RAY_HEAD_CPUS = 16  # logical: enough for the modules that run side by side (8 for the megatron + SGLang module)
@@ -194,7 +195,9 @@ def _start_ray_head() -> dict:
              "--metrics-export-port", "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port")
     port, dash, *rest = free_ports(2 + len(flags))
     ports = {flag: str(p) for flag, p in zip(flags, rest)}  # defaults are fixed numbers: avoid clashes
-    args = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
+    # its raylet starts workers forked from a warm interpreter where a fresh one would do (ray_worker_zygote.py)
+    args = [sys.executable, "-P", ray_worker_zygote.__file__, "ray", ray_worker_zygote.launcher_script(temp), "start", "--head",
+            "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
             "--num-cpus", str(RAY_HEAD_CPUS), "--num-gpus", "0", "--object-store-memory", str(400 * 2**20),
             "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
             "--temp-dir", temp, "--disable-usage-stats", *[x for kv in ports.items() for x in kv]]
@@ -212,6 +215,14 @@ def _start_ray_head() -> dict:
         raise
     head = RayHead(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", temp)
     return {"pid": proc.pid, "log": str(log), "cleanup": temp, "head": asdict(head)}
+
+
+def ray_worker_starts(config: pytest.Config) -> tuple[int, int]:
+    """(forked, started cold): the worker processes the session's head has started so far (none if it has not run)."""
+    record = shared_root(config) / "server_ray_head.json"
+    if not record.exists():
+        return 0, 0
+    return ray_worker_zygote.launch_counts(json.loads(record.read_text())["head"]["temp_dir"])
 
 
 @pytest.fixture(scope="session")

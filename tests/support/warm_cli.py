@@ -14,7 +14,8 @@ the forkserver imported under (SESSION_ENV: the session's, with the CLI's own ad
 gets a cold `python -m` (runs.run_cli and runs.start_cli fall back), as every run does with SLIME_HYDRA_TEST_COLD_CLI=1. So do runs that must start cold: the fault hooks'
 sitecustomize (tests/engine/test_checkpoint.py), `ray job submit`. The megatron CPU shim's entry point
 (tests/support/megatron_cpu/cli.py) forks too: the forkserver imports neither megatron-core nor what the shim blocks, so
-the shim installs in the fork as it does in a fresh interpreter.
+the shim installs in the fork as it does in a fresh interpreter. A forked run's sys.executable is RAY_PYTHON where
+conftest sets it: a local Ray cluster the run starts forks its workers too (tests/support/ray_worker_zygote.py).
 """
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ SESSION_ENV: dict[str, str] = {}
 PER_TEST = ("PYTEST_CURRENT_TEST",)
 _MAIN_PROCESS = type(multiprocessing.current_process())  # multiprocessing's _MainProcess (imported before any fork)
 _started: list[list[str]] = []  # [sys.path of a fresh interpreter under SESSION_ENV] once the forkserver runs
+# [the launcher a run's own local Ray cluster starts workers with]: tests/support/ray_worker_zygote.py, set by conftest
+RAY_PYTHON: list[str] = []
 
 
 def _exec_module(module: str, argv: list[str], cwd: str, env: dict[str, str], search_path: list[str], out: str, err: str,
-                 new_session: bool) -> None:
+                 new_session: bool, ray_python: str | None) -> None:
     """The forked child: become `python -m module argv` in `cwd` with `env`, stdout/stderr to the files, and end as that
     interpreter ends (exit code, traceback, atexit handlers, SIGINT's death)."""
     from multiprocessing import process
@@ -63,6 +66,8 @@ def _exec_module(module: str, argv: list[str], cwd: str, env: dict[str, str], se
     os.environ.update(env)
     sys.path[:] = [cwd, *search_path]  # as `python -m` starts: the working directory, PYTHONPATH, stdlib, site-packages
     sys.argv = [module, *argv]
+    if ray_python:  # the Python a local Ray cluster of the run starts its workers with (its raylet reads sys.executable)
+        sys.executable = ray_python
     code: int | str = 0
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -130,7 +135,8 @@ class Process:
         search_path = start()
         ctx = multiprocessing.get_context("forkserver")
         self._proc = ctx.Process(target=_exec_module, name=f"python -m {module}",
-                                 args=(module, argv, str(cwd), env, search_path, self._out, self._err, new_session))
+                                 args=(module, argv, str(cwd), env, search_path, self._out, self._err, new_session,
+                                       RAY_PYTHON[0] if RAY_PYTHON else None))
         self._proc.start()
         self.pid = self._proc.pid
 

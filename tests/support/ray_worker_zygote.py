@@ -1,0 +1,412 @@
+"""Ray worker processes of the session's cluster forked from a warm interpreter instead of started cold.
+
+A Ray worker is a fresh `python default_worker.py ...` (through setup_worker.py first when its job has a runtime env);
+before it runs an actor's first method it has imported Ray, and for the tier's rank, rollout and sweep actors torch,
+transformers and slime_hydra: 1 to 3 CPU-seconds a worker, and the tier starts about a hundred. The session's head
+(tests/support/servers.py) starts its raylet with `launcher_script` as the Python it starts workers with. That script
+runs this file with stdlib only (`launch`): it hands the worker's argv, environment, working directory and standard
+streams to the zygote (`serve`, one per cluster, started by the first launch), which has imported PRELOAD once and
+forks; the fork becomes the worker as setup_worker.py and `python default_worker.py` would, and registers with the
+raylet under its own pid (the raylet kills and watches that pid). The launcher stays as the process the raylet
+started: it passes on the signals it gets, ends with the worker's exit status, and if it is killed the worker dies too.
+
+A worker forks only where a fresh one would have imported under the same environment: the zygote's own, but for the
+keys the raylet sets per worker (PER_WORKER), and a runtime env that sets no variable but PYTHONPATH (applied after
+the fork, as setup_worker.py applies it before its exec; sys.path is rebuilt as the fresh interpreter's). Anything else
+(another environment, a runtime env with a py_executable, a command prefix or other variables, a non-Python worker,
+SLIME_HYDRA_TEST_COLD_RAY_WORKERS=1) starts cold, as it would without this file, and so does every other process the
+head starts with its Python (dashboard, agents, monitors). Each launch appends `forked` or `cold <why>` to the
+cluster's launch log, which the tier's summary counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+
+# imported once by the zygote (what the tier's actors import; nothing here starts a thread, a process or a torch op)
+PRELOAD = ["ray", "ray.actor", "ray._private.worker", "ray._private.runtime_env.context", "ray.util.placement_group",
+           "tests.support.warm_cli_imports"]
+# what differs between workers a fork serves alike (none is read at import; a fork gets the worker's own values): set
+# by the raylet for each worker; PWD, the directory the cluster's driver ran in; pytest's test name and xdist worker
+PER_WORKER = ("RAY_JOB_ID", "RAY_RAYLET_PID", "_", "PWD", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER")
+# runtime-env variables a fork applies as a fresh worker would see them: PYTHONPATH (sys.path is rebuilt from it) and
+# the job's worker_process_setup_hook (default_worker.py reads it when it runs, after the fork)
+FORKABLE_ENV_VARS = ("PYTHONPATH", "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR")
+COLD_FLAG = "SLIME_HYDRA_TEST_COLD_RAY_WORKERS"
+WATCH_THREAD = "zygote-watches-launcher-"  # + the launcher's pid: the forked worker's thread that dies with it
+START_DEADLINE_S = 180.0  # the zygote's imports, on a loaded two-core machine
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def launcher_script(directory: str, owner: int | None = None) -> str:
+    """Write the executable a raylet starts workers with (a shell script: the raylet takes one path) and return it.
+    Its zygotes live in `directory`, one per environment, and end once their socket is gone, or once `owner` (a pid)
+    has died; with no owner, once the raylet of the worker that started it has died (a cluster of its own)."""
+    path = os.path.join(directory, "python")
+    tmp = f"{path}.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(f"#!/bin/sh\nexec '{sys.executable}' -I -S '{os.path.abspath(__file__)}' launch '{sys.executable}' "
+                f"'{directory}' {owner or 0} \"$@\"\n")
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, path)  # xdist workers may write the session's at once
+    return path
+
+
+def launch_counts(directory: str) -> tuple[int, int]:
+    """(forked, started cold) worker launches through the launcher in `directory`."""
+    lines: list[str] = []
+    for name in os.listdir(directory) if os.path.isdir(directory) else ():
+        if name.endswith(".sock.log"):
+            with open(os.path.join(directory, name)) as f:
+                lines += f.read().splitlines()
+    return sum(line == "forked" for line in lines), sum(line.startswith("cold") for line in lines)
+
+
+def stop_zygotes(directory: str) -> None:
+    """End the zygotes of `directory` (each ends within a second of its socket's removal)."""
+    for name in os.listdir(directory) if os.path.isdir(directory) else ():
+        if name.endswith(".sock"):
+            os.unlink(os.path.join(directory, name))
+
+
+def _socket_for(directory: str, env: dict[str, str]) -> str:
+    """The zygote's socket for workers with this environment (one zygote per environment)."""
+    import zlib
+
+    key = json.dumps(sorted((k, v) for k, v in env.items() if k not in PER_WORKER)).encode()
+    return os.path.join(directory, f"z{zlib.crc32(key):08x}.sock")
+
+
+# -- wire: a length-prefixed JSON message each way ---------------------------------------------------------------------
+
+def _send(conn: socket.socket, obj: dict, fds: list[int] | None = None) -> None:
+    data = json.dumps(obj).encode()
+    msg = struct.pack("!I", len(data)) + data
+    if fds:
+        socket.send_fds(conn, [msg], fds)
+    else:
+        conn.sendall(msg)
+
+
+def _recv(conn: socket.socket, want_fds: int = 0) -> tuple[dict | None, list[int]]:
+    fds: list[int] = []
+    buf = b""
+    if want_fds:
+        buf, fds, _, _ = socket.recv_fds(conn, 1 << 16, want_fds)
+    while len(buf) < 4 or len(buf) < 4 + struct.unpack("!I", buf[:4])[0]:
+        chunk = conn.recv(1 << 16)
+        if not chunk:
+            return None, fds
+        buf += chunk
+    return json.loads(buf[4:4 + struct.unpack("!I", buf[:4])[0]]), fds
+
+
+# -- launch: the process the raylet starts ---------------------------------------------------------------------------
+
+def _log(sock: str, line: str) -> None:
+    fd = os.open(sock + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.write(fd, (line + "\n").encode())
+    os.close(fd)
+
+
+def _connect(sock: str) -> socket.socket | None:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(sock)
+        return conn
+    except OSError:
+        conn.close()
+        return None
+
+
+def _start_zygote(python: str, sock: str, owner: int) -> socket.socket | None:
+    """Connect to the cluster's zygote, starting it first if none answers (one launcher at a time starts it)."""
+    import fcntl
+    import time
+
+    lock = os.open(sock + ".lock", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        conn = _connect(sock)
+        if conn is not None:
+            return conn
+        if os.path.exists(sock + ".failed"):
+            return None
+        pid = os.fork()
+        if pid == 0:  # detached from the launcher: its own session, its output to a file
+            os.setsid()
+            if os.fork():
+                os._exit(0)
+            out = os.open(sock + ".zygote.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            # argv room for the titles Ray's workers set (setproctitle writes within it)
+            os.execv(python, [python, "-P", os.path.abspath(__file__), "serve", sock, str(owner), " " * 200])
+        os.waitpid(pid, 0)
+        deadline = time.monotonic() + START_DEADLINE_S
+        while time.monotonic() < deadline:
+            conn = _connect(sock)
+            if conn is not None:
+                return conn
+            time.sleep(0.05)
+        open(sock + ".failed", "w").close()  # noqa: SIM115  (the rest start cold at once)
+        return None
+    finally:
+        os.close(lock)
+
+
+def _is_worker(args: list[str]) -> bool:
+    """`default_worker.py ...`, or `setup_worker.py default_worker.py ...` (Ray's client server goes through
+    setup_worker.py too, with `-m`)."""
+    names = [os.path.basename(a) for a in args[:2]]
+    return names[:1] == ["default_worker.py"] or names == ["setup_worker.py", "default_worker.py"]
+
+
+def launch(python: str, directory: str, owner: int, args: list[str]) -> None:
+    def cold(why: str) -> None:
+        _log(sock, f"cold {why}")
+        os.execv(python, [python, *args])
+
+    if not _is_worker(args):
+        os.execv(python, [python, *args])  # the head's own servers: not a worker, nothing logged
+    sock = _socket_for(directory, dict(os.environ))
+    if os.environ.get(COLD_FLAG):
+        cold(COLD_FLAG)
+    conn = _connect(sock) or _start_zygote(python, sock, owner)
+    if conn is None:
+        cold("no zygote")
+    _send(conn, {"argv": args, "env": dict(os.environ), "cwd": os.getcwd()}, [0, 1, 2])
+    reply, _ = _recv(conn)
+    if reply is None or "cold" in reply:
+        conn.close()
+        cold(reply["cold"] if reply else "zygote closed")
+    _log(sock, "forked")
+    pid = reply["pid"]
+
+    def forward(sig, _frame):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, forward)
+    status, _ = _recv(conn)
+    if status is None:
+        sys.exit(1)
+    if status.get("signal"):
+        signal.signal(status["signal"], signal.SIG_DFL)
+        os.kill(os.getpid(), status["signal"])
+    sys.exit(status.get("exit", 1))
+
+
+# -- serve: the zygote -----------------------------------------------------------------------------------------------
+
+def _why_cold(req: dict, env0: dict[str, str]) -> str | None:
+    """None if this worker may fork from a zygote that imported under env0, else why not."""
+    from ray._private.runtime_env.context import RuntimeEnvContext
+
+    strip = lambda e: {k: v for k, v in e.items() if k not in PER_WORKER}  # noqa: E731
+    env = strip(req["env"])
+    if env != env0:
+        keys = sorted(k for k in env.keys() | env0.keys() if env.get(k) != env0.get(k))
+        return f"environment differs: {keys}"
+    argv = req["argv"]
+    if os.path.basename(argv[0]) == "setup_worker.py":
+        opts = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+        if opts.get("--language", "PYTHON") != "PYTHON":
+            return "not a Python worker"
+        ctx = RuntimeEnvContext.deserialize(opts.get("--serialized-runtime-env-context") or "{}")
+        if ctx.command_prefix or ctx.override_worker_entrypoint or ctx.py_executable != sys.executable:
+            return "runtime env changes the interpreter"
+        extra = sorted(set(ctx.env_vars) - set(FORKABLE_ENV_VARS))
+        if extra:
+            return f"runtime env sets {extra}"
+    return None
+
+
+def _become_worker(conn: socket.socket, launcher: int, req: dict, fds: list[int], base_path: list[str],
+                   env0_pythonpath: str, imports_added: list[str]) -> None:
+    """The forked child: become the worker setup_worker.py and `python default_worker.py` would have started."""
+    import runpy
+    import threading
+    from multiprocessing import process
+
+    from ray._private.runtime_env.context import RuntimeEnvContext
+    from ray._private.utils import update_envs
+
+    os.setpgid(0, 0)  # a process group of its own, as the raylet starts a worker (it signals the group)
+    for fd, target in zip(fds, (0, 1, 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(req["cwd"])
+    os.environ.clear()
+    os.environ.update(req["env"])
+    argv = list(req["argv"])
+    if os.path.basename(argv[0]) == "setup_worker.py":  # as setup_worker.py: apply the runtime env, then the worker
+        opts = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+        update_envs(RuntimeEnvContext.deserialize(opts.get("--serialized-runtime-env-context") or "{}").env_vars)
+        argv = [a for a in argv[1:] if not a.startswith(("--serialized-runtime-env-context=", "--language="))]
+    # sys.path as a fresh `python default_worker.py` under this environment has it once it imported Ray: what the
+    # imports put first (Ray's thirdparty_files), the script's directory, PYTHONPATH, the rest
+    own = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    inherited = [p for p in env0_pythonpath.split(os.pathsep) if p]
+    sys.path[:] = [*imports_added, os.path.dirname(argv[0]), *own, *[p for p in base_path if p not in inherited]]
+    sys.argv = argv
+    process._current_process, process._parent_process, process._children = (
+        type(process._current_process)(), None, set())
+
+    def die_with_launcher():  # the launcher ends: killed by the raylet before the worker registered, or by a test
+        try:
+            while conn.recv(1024):
+                pass
+        except OSError:
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    # named for the launcher it watches (tests/test_ray_worker_zygote.py finds it there)
+    threading.Thread(target=die_with_launcher, name=f"{WATCH_THREAD}{launcher}", daemon=True).start()
+    code = 0
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    import atexit
+
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _needed(sock: str, owner: int) -> bool:
+    """False once the socket is gone or the owner (a pid) has died."""
+    if not os.path.exists(sock):
+        return False
+    if not owner:
+        return True
+    try:
+        os.kill(owner, 0)
+    except ProcessLookupError:
+        os.unlink(sock)
+        return False
+    return True
+
+
+def serve(sock: str, owner: int) -> None:
+    base_path = list(sys.path)  # a fresh interpreter's after its script's directory (-P leaves that out)
+    env0 = {k: v for k, v in os.environ.items() if k not in PER_WORKER}
+    owner = owner or int(os.environ.get("RAY_RAYLET_PID") or 0)  # no owner: the raylet of the first worker's cluster
+    sys.path.insert(0, ROOT)  # for PRELOAD's tests.support module; a fork's sys.path is its own
+    import importlib
+
+    for module in PRELOAD:
+        importlib.import_module(module)
+    sys.path.remove(ROOT)
+    imports_added = [p for p in sys.path if p not in base_path]  # Ray's thirdparty_files
+    tmp = sock + f".{os.getpid()}"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(tmp)
+    srv.listen(64)
+    os.rename(tmp, sock)  # launchers connect only once it listens
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: dict[int, socket.socket] = {}
+    print(f"zygote {os.getpid()} serving {sock} while process {owner} lives", flush=True)
+    while True:
+        ready, _, _ = select.select([srv, wake_r], [], [], 1.0)
+        if wake_r in ready:
+            while True:
+                try:
+                    if not os.read(wake_r, 512):
+                        break
+                except BlockingIOError:
+                    break
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = children.pop(pid, None)
+            if conn is not None:
+                with_signal = os.WIFSIGNALED(status)
+                try:
+                    _send(conn, {"signal": os.WTERMSIG(status)} if with_signal else {"exit": os.WEXITSTATUS(status)})
+                except OSError:
+                    pass
+                conn.close()
+        if srv in ready:
+            conn, _ = srv.accept()
+            try:
+                req, fds = _recv(conn, want_fds=3)
+            except OSError:
+                conn.close()
+                continue
+            why = "bad request" if req is None or len(fds) != 3 else _why_cold(req, env0)
+            if why is not None:
+                for fd in fds:
+                    os.close(fd)
+                try:
+                    _send(conn, {"cold": why})
+                except OSError:
+                    pass
+                conn.close()
+                continue
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for c in children.values():
+                    c.close()
+                srv.close()
+                os.close(wake_r)
+                os.close(wake_w)
+                try:
+                    launcher = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+                    _become_worker(conn, launcher, req, fds, base_path, env0.get("PYTHONPATH", ""), imports_added)
+                finally:
+                    os._exit(1)
+            for fd in fds:
+                os.close(fd)
+            children[pid] = conn
+            try:
+                _send(conn, {"pid": pid})
+            except OSError:
+                pass
+        if not children and not _needed(sock, owner):
+            return
+
+
+def ray_cli(launcher: str, args: list[str]) -> None:
+    """`ray ARGS` (the `ray` script's entry point) with `launcher` as the Python its raylet starts workers with."""
+    from ray.scripts.scripts import main
+
+    sys.executable = launcher
+    sys.argv = ["ray", *args]
+    main()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "ray":
+        ray_cli(sys.argv[2], sys.argv[3:])
+    elif sys.argv[1] == "launch":
+        launch(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:])
+    elif sys.argv[1] == "serve":
+        serve(sys.argv[2], int(sys.argv[3]))
