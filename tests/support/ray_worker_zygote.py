@@ -1,22 +1,25 @@
-"""Ray worker processes of the session's cluster forked from a warm interpreter instead of started cold.
+"""Ray worker processes of the tier's clusters forked from a warm interpreter instead of started cold.
 
 A Ray worker is a fresh `python default_worker.py ...` (through setup_worker.py first when its job has a runtime env);
 before it runs an actor's first method it has imported Ray, and for the tier's rank, rollout and sweep actors torch,
-transformers and slime_hydra: 1 to 3 CPU-seconds a worker, and the tier starts about a hundred. The session's head
-(tests/support/servers.py) starts its raylet with `launcher_script` as the Python it starts workers with. That script
-runs this file with stdlib only (`launch`): it hands the worker's argv, environment, working directory and standard
-streams to the zygote (`serve`, one per cluster, started by the first launch), which has imported PRELOAD once and
-forks; the fork becomes the worker as setup_worker.py and `python default_worker.py` would, and registers with the
-raylet under its own pid (the raylet kills and watches that pid). The launcher stays as the process the raylet
-started: it passes on the signals it gets, ends with the worker's exit status, and if it is killed the worker dies too.
+transformers and slime_hydra: 1 to 3 CPU-seconds a worker, and the tier starts about a hundred. A raylet starts its
+workers with the Python of the process that started it (sys.executable); the session's head (tests/support/servers.py),
+the local clusters of forked CLI runs (tests/support/warm_cli.py) and the multi-node module's cluster get
+`launcher_script` as theirs. That script runs this file with stdlib only (`launch`): it hands the worker's argv,
+environment, working directory and standard streams to a zygote (`serve`, one per environment in the launcher's
+directory, started by the first launch that needs it), which has imported PRELOAD once, and forks. The fork becomes the
+worker setup_worker.py and `python default_worker.py` would have started, in a process group of its own, and registers
+with the raylet under its own pid (the raylet signals and watches that pid). The launcher stays as the process the
+raylet started: it passes on the signals it gets, ends with the worker's exit status, and if it is killed the worker
+dies too.
 
-A worker forks only where a fresh one would have imported under the same environment: the zygote's own, but for the
-keys the raylet sets per worker (PER_WORKER), and a runtime env that sets no variable but PYTHONPATH (applied after
-the fork, as setup_worker.py applies it before its exec; sys.path is rebuilt as the fresh interpreter's). Anything else
-(another environment, a runtime env with a py_executable, a command prefix or other variables, a non-Python worker,
-SLIME_HYDRA_TEST_COLD_RAY_WORKERS=1) starts cold, as it would without this file, and so does every other process the
-head starts with its Python (dashboard, agents, monitors). Each launch appends `forked` or `cold <why>` to the
-cluster's launch log, which the tier's summary counts.
+A worker forks only where a fresh one would have imported under the same environment: the zygote's own but for the
+keys that differ per worker (PER_WORKER; the fork gets the worker's own values), and a runtime env that sets nothing
+but FORKABLE_ENV_VARS (PYTHONPATH and the job's setup hook, applied after the fork as setup_worker.py applies them
+before its exec; sys.path is rebuilt as the fresh interpreter's). Anything else (a runtime env with other variables, a
+py_executable or a command prefix, a non-Python worker, SLIME_HYDRA_TEST_COLD_RAY_WORKERS=1) starts cold, as it would
+without this file, and so does every other process a raylet starts with its Python (dashboard, agents, monitors). Each
+worker's launch appends `forked` or `cold <why>` to its zygote's log, which the tier's summary counts.
 """
 
 from __future__ import annotations
