@@ -213,10 +213,17 @@ def launch(python: str, directory: str, owner: int, args: list[str]) -> None:
 
 # -- serve: the zygote -----------------------------------------------------------------------------------------------
 
-def _why_cold(req: dict, env0: dict[str, str]) -> str | None:
-    """None if this worker may fork from a zygote that imported under env0, else why not."""
+def _setup_options(argv: list[str]):
+    """A setup_worker.py launch's --language and its runtime env's context (RuntimeEnvContext), as setup_worker.py
+    parses them."""
     from ray._private.runtime_env.context import RuntimeEnvContext
 
+    opts = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+    return opts.get("--language", "PYTHON"), RuntimeEnvContext.deserialize(opts.get("--serialized-runtime-env-context") or "{}")
+
+
+def _why_cold(req: dict, env0: dict[str, str]) -> str | None:
+    """None if this worker may fork from a zygote that imported under env0, else why not."""
     strip = lambda e: {k: v for k, v in e.items() if k not in PER_WORKER}  # noqa: E731
     env = strip(req["env"])
     if env != env0:
@@ -224,10 +231,9 @@ def _why_cold(req: dict, env0: dict[str, str]) -> str | None:
         return f"environment differs: {keys}"
     argv = req["argv"]
     if os.path.basename(argv[0]) == "setup_worker.py":
-        opts = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
-        if opts.get("--language", "PYTHON") != "PYTHON":
+        language, ctx = _setup_options(argv)
+        if language != "PYTHON":
             return "not a Python worker"
-        ctx = RuntimeEnvContext.deserialize(opts.get("--serialized-runtime-env-context") or "{}")
         if ctx.command_prefix or ctx.override_worker_entrypoint or ctx.py_executable != sys.executable:
             return "runtime env changes the interpreter"
         extra = sorted(set(ctx.env_vars) - set(FORKABLE_ENV_VARS))
@@ -243,7 +249,6 @@ def _become_worker(conn: socket.socket, launcher: int, req: dict, fds: list[int]
     import threading
     from multiprocessing import process
 
-    from ray._private.runtime_env.context import RuntimeEnvContext
     from ray._private.utils import update_envs
 
     os.setpgid(0, 0)  # a process group of its own, as the raylet starts a worker (it signals the group)
@@ -255,8 +260,7 @@ def _become_worker(conn: socket.socket, launcher: int, req: dict, fds: list[int]
     os.environ.update(req["env"])
     argv = list(req["argv"])
     if os.path.basename(argv[0]) == "setup_worker.py":  # as setup_worker.py: apply the runtime env, then the worker
-        opts = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
-        update_envs(RuntimeEnvContext.deserialize(opts.get("--serialized-runtime-env-context") or "{}").env_vars)
+        update_envs(_setup_options(argv)[1].env_vars)
         argv = [a for a in argv[1:] if not a.startswith(("--serialized-runtime-env-context=", "--language="))]
     # sys.path as a fresh `python default_worker.py` under this environment has it once it imported Ray: what the
     # imports put first (Ray's thirdparty_files), the script's directory, PYTHONPATH, the rest
