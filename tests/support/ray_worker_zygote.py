@@ -78,11 +78,16 @@ def stop_zygotes(directory: str) -> None:
             os.unlink(os.path.join(directory, name))
 
 
+def _imported_under(env: dict[str, str]) -> dict[str, str]:
+    """The part of a worker's environment its imports see alike: all but PER_WORKER."""
+    return {k: v for k, v in env.items() if k not in PER_WORKER}
+
+
 def _socket_for(directory: str, env: dict[str, str]) -> str:
     """The zygote's socket for workers with this environment (one zygote per environment)."""
     import zlib
 
-    key = json.dumps(sorted((k, v) for k, v in env.items() if k not in PER_WORKER)).encode()
+    key = json.dumps(sorted(_imported_under(env).items())).encode()
     return os.path.join(directory, f"z{zlib.crc32(key):08x}.sock")
 
 
@@ -224,8 +229,7 @@ def _setup_options(argv: list[str]):
 
 def _why_cold(req: dict, env0: dict[str, str]) -> str | None:
     """None if this worker may fork from a zygote that imported under env0, else why not."""
-    strip = lambda e: {k: v for k, v in e.items() if k not in PER_WORKER}  # noqa: E731
-    env = strip(req["env"])
+    env = _imported_under(req["env"])
     if env != env0:
         keys = sorted(k for k in env.keys() | env0.keys() if env.get(k) != env0.get(k))
         return f"environment differs: {keys}"
@@ -314,7 +318,7 @@ def _needed(sock: str, owner: int) -> bool:
 
 def serve(sock: str, owner: int) -> None:
     base_path = list(sys.path)  # a fresh interpreter's after its script's directory (-P leaves that out)
-    env0 = {k: v for k, v in os.environ.items() if k not in PER_WORKER}
+    env0 = _imported_under(dict(os.environ))
     owner = owner or int(os.environ.get("RAY_RAYLET_PID") or 0)  # no owner: the raylet of the first worker's cluster
     sys.path.insert(0, ROOT)  # for PRELOAD's tests.support module; a fork's sys.path is its own
     import importlib
