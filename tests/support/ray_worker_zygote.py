@@ -2,24 +2,26 @@
 
 A Ray worker is a fresh `python default_worker.py ...` (through setup_worker.py first when its job has a runtime env);
 before it runs an actor's first method it has imported Ray, and for the tier's rank, rollout and sweep actors torch,
-transformers and slime_hydra: 1 to 3 CPU-seconds a worker, and the tier starts about a hundred. A raylet starts its
-workers with the Python of the process that started it (sys.executable); the session's head (tests/support/servers.py),
-the local clusters of forked CLI runs (tests/support/warm_cli.py) and the multi-node module's cluster get
-`launcher_script` as theirs. That script runs this file with stdlib only (`launch`): it hands the worker's argv,
-environment, working directory and standard streams to a zygote (`serve`, one per environment in the launcher's
-directory, started by the first launch that needs it), which has imported PRELOAD once, and forks. The fork becomes the
+transformers and slime_hydra (megatron-core too under the CPU shim): 1 to 8 CPU-seconds a worker, and the tier starts
+about a hundred. A raylet starts its workers with the Python of the process that started it (sys.executable); the
+session's head (tests/support/servers.py), the local clusters of forked CLI runs (tests/support/warm_cli.py) and the
+multi-node module's cluster get `launcher_script` as theirs. That script runs this file with stdlib only (`launch`):
+it hands the worker's argv, environment, working directory and standard streams to a zygote (`serve`: one per
+environment and kind of worker), which has imported PRELOAD once (and run the setup hook of HOOK_PRELOAD's jobs, with
+what their workers import next) with the sys.path a fresh worker of that kind has, and forks. The fork becomes the
 worker setup_worker.py and `python default_worker.py` would have started, in a process group of its own, and registers
 with the raylet under its own pid (the raylet signals and watches that pid). The launcher stays as the process the
 raylet started: it passes on the signals it gets, ends with the worker's exit status, and if it is killed the worker
-dies too.
+dies too. A launch that finds no zygote serving starts one in the background and its own worker cold: no launch waits
+for a zygote's imports.
 
 A worker forks only where a fresh one would have imported under the same environment: the zygote's own but for the
 keys that differ per worker (PER_WORKER; the fork gets the worker's own values), and a runtime env that sets nothing
-but FORKABLE_ENV_VARS (PYTHONPATH and the job's setup hook, applied after the fork as setup_worker.py applies them
-before its exec; sys.path is rebuilt as the fresh interpreter's). Anything else (a runtime env with other variables, a
-py_executable or a command prefix, a non-Python worker, SLIME_HYDRA_TEST_COLD_RAY_WORKERS=1) starts cold, as it would
-without this file, and so does every other process a raylet starts with its Python (dashboard, agents, monitors). Each
-worker's launch appends `forked` or `cold <why>` to its zygote's log, which the tier's summary counts.
+but PYTHONPATH and the setup hook (applied after the fork, as setup_worker.py applies them before its exec; the zygote
+of that PYTHONPATH imported with the sys.path a fresh worker starts with). Anything else (a runtime env with other
+variables, a py_executable or a command prefix, a non-Python worker, SLIME_HYDRA_TEST_COLD_RAY_WORKERS=1) starts cold,
+as it would without this file, and so does every other process a raylet starts with its Python (dashboard, agents,
+monitors). Each worker's launch appends `forked` or `cold <why>` to its zygote's log, which the tier's summary counts.
 """
 
 from __future__ import annotations
@@ -38,12 +40,16 @@ PRELOAD = ["ray", "ray.actor", "ray._private.worker", "ray._private.runtime_env.
 # what differs between workers a fork serves alike (none is read at import; a fork gets the worker's own values): set
 # by the raylet for each worker; PWD, the directory the cluster's driver ran in; pytest's test name and xdist worker
 PER_WORKER = ("RAY_JOB_ID", "RAY_RAYLET_PID", "_", "PWD", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER")
-# runtime-env variables a fork applies as a fresh worker would see them: PYTHONPATH (sys.path is rebuilt from it) and
-# the job's worker_process_setup_hook (default_worker.py reads it when it runs, after the fork)
-FORKABLE_ENV_VARS = ("PYTHONPATH", "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR")
+HOOK_ENV = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"  # a job's worker_process_setup_hook, as Ray passes it on
+# runtime-env variables a fork applies as a fresh worker would see them: PYTHONPATH (each zygote imports with one) and
+# the job's setup hook (default_worker.py reads it when it runs, after the fork)
+FORKABLE_ENV_VARS = ("PYTHONPATH", HOOK_ENV)
+# setup hooks a zygote of their own runs once before it forks (idempotent ones), with what their jobs' workers import
+# next: the megatron CPU shim, then megatron-core and the model code every megatron rank imports (about 5.5 CPU-s)
+HOOK_PRELOAD = {"tests.support.megatron_cpu.shim.install": ["slime_hydra.training.megatron.model"]}
 COLD_FLAG = "SLIME_HYDRA_TEST_COLD_RAY_WORKERS"
+NIL_JOB_ID = "ffffffff"  # ray.JobID.nil().hex()
 WATCH_THREAD = "zygote-watches-launcher-"  # + the launcher's pid: the forked worker's thread that dies with it
-START_DEADLINE_S = 180.0  # the zygote's imports, on a loaded two-core machine
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -83,12 +89,25 @@ def _imported_under(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in PER_WORKER}
 
 
-def _socket_for(directory: str, env: dict[str, str]) -> str:
-    """The zygote's socket for workers with this environment (one zygote per environment)."""
+def _socket_for(directory: str, env: dict[str, str], kind: dict[str, str]) -> str:
+    """The zygote's socket for workers of this environment and kind (one zygote for each)."""
     import zlib
 
-    key = json.dumps(sorted(_imported_under(env).items())).encode()
+    key = json.dumps([kind, sorted(_imported_under(env).items())], sort_keys=True).encode()
     return os.path.join(directory, f"z{zlib.crc32(key):08x}.sock")
+
+
+def _kind(args: list[str], env: dict[str, str]) -> dict[str, str]:
+    """What a fresh worker of this launch imports with: its script's directory (the head of its sys.path), its
+    PYTHONPATH (the runtime env's, where its job sets one) and its job's setup hook where HOOK_PRELOAD has it."""
+    worker = args[1] if os.path.basename(args[0]) == "setup_worker.py" else args[0]
+    kind = {"dir": os.path.dirname(worker), "pythonpath": env.get("PYTHONPATH", ""), "hook": ""}
+    for a in args:
+        if a.startswith("--serialized-runtime-env-context="):
+            env_vars = json.loads(a.split("=", 1)[1] or "{}").get("env_vars", {})
+            kind["pythonpath"] = env_vars.get("PYTHONPATH", kind["pythonpath"])
+            kind["hook"] = env_vars.get(HOOK_ENV, "") if env_vars.get(HOOK_ENV, "") in HOOK_PRELOAD else ""
+    return kind
 
 
 # -- wire: a length-prefixed JSON message each way ---------------------------------------------------------------------
@@ -133,42 +152,36 @@ def _connect(sock: str) -> socket.socket | None:
         return None
 
 
-def _start_zygote(python: str, sock: str, owner: int) -> socket.socket | None:
-    """Connect to the cluster's zygote, starting it first if none answers (one launcher at a time starts it)."""
+def _start_zygote(python: str, sock: str, owner: int, kind: dict[str, str]) -> None:
+    """Start the zygote of `sock` in the background, unless one is starting or serving already: a zygote holds
+    `sock.lock` for as long as it lives. The launch that calls this does not wait for it. A raylet gives a worker
+    60 s to register, and a zygote's imports (megatron-core's too, for the shim's jobs) can take longer on a loaded
+    two-core machine: a launcher that waited and was killed for it freed the lock, and the next launch started a
+    second zygote beside the first."""
     import fcntl
-    import time
 
     lock = os.open(sock + ".lock", os.O_WRONLY | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        conn = _connect(sock)
-        if conn is not None:
-            return conn
-        if os.path.exists(sock + ".failed"):
-            return None
-        pid = os.fork()
-        if pid == 0:  # detached from the launcher: its own session, its output to a file
-            os.setsid()
-            if os.fork():
-                os._exit(0)
-            out = os.open(sock + ".zygote.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            os.dup2(out, 1)
-            os.dup2(out, 2)
-            # argv room for the titles Ray's workers set (setproctitle writes within it)
-            os.execv(python, [python, "-P", os.path.abspath(__file__), "serve", sock, str(owner), " " * 200])
-        os.waitpid(pid, 0)
-        deadline = time.monotonic() + START_DEADLINE_S
-        while time.monotonic() < deadline:
-            conn = _connect(sock)
-            if conn is not None:
-                return conn
-            time.sleep(0.05)
-        open(sock + ".failed", "w").close()  # noqa: SIM115  (the rest start cold at once)
-        return None
-    finally:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         os.close(lock)
+        return
+    pid = os.fork()
+    if pid == 0:  # detached from the launcher: its own session, its output to a file
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        out = os.open(sock + ".zygote.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.set_inheritable(lock, True)  # the zygote holds the lock from here on
+        # argv room for the titles Ray's workers set (setproctitle writes within it)
+        os.execv(python, [python, "-P", os.path.abspath(__file__), "serve", sock, str(owner), json.dumps(kind),
+                          str(lock), " " * 200])
+    os.close(lock)
+    os.waitpid(pid, 0)
 
 
 def _is_worker(args: list[str]) -> bool:
@@ -185,12 +198,16 @@ def launch(python: str, directory: str, owner: int, args: list[str]) -> None:
 
     if not _is_worker(args):
         os.execv(python, [python, *args])  # the head's own servers: not a worker, nothing logged
-    sock = _socket_for(directory, dict(os.environ))
+    kind = _kind(args, dict(os.environ))
+    sock = _socket_for(directory, dict(os.environ), kind)
     if os.environ.get(COLD_FLAG):
         cold(COLD_FLAG)
-    conn = _connect(sock) or _start_zygote(python, sock, owner)
+    conn = _connect(sock)
     if conn is None:
-        cold("no zygote")
+        if os.path.exists(sock + ".failed"):
+            cold(f"the zygote failed to start ({sock}.zygote.log)")
+        _start_zygote(python, sock, owner, kind)
+        cold("the zygote is starting")
     _send(conn, {"argv": args, "env": dict(os.environ), "cwd": os.getcwd()}, [0, 1, 2])
     reply, _ = _recv(conn)
     if reply is None or "cold" in reply:
@@ -210,8 +227,9 @@ def launch(python: str, directory: str, owner: int, args: list[str]) -> None:
     status, _ = _recv(conn)
     if status is None:
         sys.exit(1)
-    if status.get("signal"):
-        signal.signal(status["signal"], signal.SIG_DFL)
+    if status.get("signal"):  # end as the worker ended: by its signal (SIGKILL and SIGSTOP take no handler)
+        if status["signal"] not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(status["signal"], signal.SIG_DFL)
         os.kill(os.getpid(), status["signal"])
     sys.exit(status.get("exit", 1))
 
@@ -227,13 +245,17 @@ def _setup_options(argv: list[str]):
     return opts.get("--language", "PYTHON"), RuntimeEnvContext.deserialize(opts.get("--serialized-runtime-env-context") or "{}")
 
 
-def _why_cold(req: dict, env0: dict[str, str]) -> str | None:
+def _why_cold(req: dict, env0: dict[str, str], kind: dict[str, str]) -> str | None:
     """None if this worker may fork from a zygote that imported under env0, else why not."""
     env = _imported_under(req["env"])
     if env != env0:
         keys = sorted(k for k in env.keys() | env0.keys() if env.get(k) != env0.get(k))
         return f"environment differs: {keys}"
     argv = req["argv"]
+    if "${" in _kind(argv, req["env"])["pythonpath"]:
+        return "the runtime env's PYTHONPATH names another variable"
+    if _kind(argv, req["env"]) != kind:
+        return f"a worker of kind {_kind(argv, req['env'])}, this zygote's is {kind}"
     if os.path.basename(argv[0]) == "setup_worker.py":
         language, ctx = _setup_options(argv)
         if language != "PYTHON":
@@ -246,8 +268,7 @@ def _why_cold(req: dict, env0: dict[str, str]) -> str | None:
     return None
 
 
-def _become_worker(conn: socket.socket, launcher: int, req: dict, fds: list[int], base_path: list[str],
-                   env0_pythonpath: str, imports_added: list[str]) -> None:
+def _become_worker(conn: socket.socket, launcher: int, req: dict, fds: list[int]) -> None:
     """The forked child: become the worker setup_worker.py and `python default_worker.py` would have started."""
     import runpy
     import threading
@@ -266,11 +287,7 @@ def _become_worker(conn: socket.socket, launcher: int, req: dict, fds: list[int]
     if os.path.basename(argv[0]) == "setup_worker.py":  # as setup_worker.py: apply the runtime env, then the worker
         update_envs(_setup_options(argv)[1].env_vars)
         argv = [a for a in argv[1:] if not a.startswith(("--serialized-runtime-env-context=", "--language="))]
-    # sys.path as a fresh `python default_worker.py` under this environment has it once it imported Ray: what the
-    # imports put first (Ray's thirdparty_files), the script's directory, PYTHONPATH, the rest
-    own = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    inherited = [p for p in env0_pythonpath.split(os.pathsep) if p]
-    sys.path[:] = [*imports_added, os.path.dirname(argv[0]), *own, *[p for p in base_path if p not in inherited]]
+    # sys.path is the zygote's: a fresh worker's of this kind after the same imports (serve)
     sys.argv = argv
     process._current_process, process._parent_process, process._children = (
         type(process._current_process)(), None, set())
@@ -316,17 +333,46 @@ def _needed(sock: str, owner: int) -> bool:
     return True
 
 
-def serve(sock: str, owner: int) -> None:
-    base_path = list(sys.path)  # a fresh interpreter's after its script's directory (-P leaves that out)
+def serve(sock: str, owner: int, kind: dict[str, str], lock: int) -> None:
+    """Import once, then fork a worker for each launch that asks, while the owner lives and the socket exists. `lock` is
+    the open `sock.lock`, held while this lives; an import that fails leaves `sock.failed`, and launches start cold."""
     env0 = _imported_under(dict(os.environ))
     owner = owner or int(os.environ.get("RAY_RAYLET_PID") or 0)  # no owner: the raylet of the first worker's cluster
-    sys.path.insert(0, ROOT)  # for PRELOAD's tests.support module; a fork's sys.path is its own
+    # Ray's C++ config (RayConfig) reads RAY_JOB_ID once, when _raylet.so loads, and no call reads it again. A zygote
+    # that imported Ray under the job of the launch that started it had every fork register as that job, and the raylet
+    # ended them at once when that job had finished; with none, a worker stops at a failed check. The nil job, as in
+    # the workers a raylet starts before any job asks (the session's head's first): a fork then takes its job's work.
+    os.environ["RAY_JOB_ID"] = NIL_JOB_ID
+    # sys.path as a fresh worker of this kind starts with it, so that the imports below leave it as they leave a fresh
+    # worker's.
+    # A fresh interpreter's starts as: what site's .pth files insert first (nvidia_cutlass_dsl's), PYTHONPATH, the
+    # standard library and site-packages; then its script's directory goes first. This one's (-P: no script directory)
+    # has this zygote's PYTHONPATH where the worker's goes.
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    stdlib = (os.path.dirname(os.__file__), f"python{sys.version_info.major}{sys.version_info.minor}.zip")
+    first = next((i for i, p in enumerate(sys.path) if p in inherited or p == stdlib[0] or p.endswith(stdlib[1])),
+                 len(sys.path))
+    front, rest = sys.path[:first], [p for p in sys.path[first:] if p not in inherited]
+    sys.path[:] = [kind["dir"], *front, *[p for p in kind["pythonpath"].split(os.pathsep) if p], *rest]
+    borrowed = ROOT not in sys.path
+    if borrowed:
+        sys.path.append(ROOT)  # for PRELOAD's tests.support module and the hook, after the rest
     import importlib
 
-    for module in PRELOAD:
-        importlib.import_module(module)
-    sys.path.remove(ROOT)
-    imports_added = [p for p in sys.path if p not in base_path]  # Ray's thirdparty_files
+    try:
+        for module in PRELOAD:
+            importlib.import_module(module)
+        hook = kind["hook"]
+        if hook:  # the job's setup hook, as its workers run it first, then what they import next
+            module, name = hook.rsplit(".", 1)
+            getattr(importlib.import_module(module), name)()
+            for module in HOOK_PRELOAD[hook]:
+                importlib.import_module(module)
+    except BaseException:
+        open(sock + ".failed", "w").close()  # noqa: SIM115
+        raise
+    if borrowed:
+        sys.path.remove(ROOT)
     tmp = sock + f".{os.getpid()}"
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(tmp)
@@ -370,7 +416,7 @@ def serve(sock: str, owner: int) -> None:
             except OSError:
                 conn.close()
                 continue
-            why = "bad request" if req is None or len(fds) != 3 else _why_cold(req, env0)
+            why = "bad request" if req is None or len(fds) != 3 else _why_cold(req, env0, kind)
             if why is not None:
                 for fd in fds:
                     os.close(fd)
@@ -389,9 +435,10 @@ def serve(sock: str, owner: int) -> None:
                 srv.close()
                 os.close(wake_r)
                 os.close(wake_w)
+                os.close(lock)  # the zygote's; a worker that outlives it must not keep the next one from starting
                 try:
                     launcher = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
-                    _become_worker(conn, launcher, req, fds, base_path, env0.get("PYTHONPATH", ""), imports_added)
+                    _become_worker(conn, launcher, req, fds)
                 finally:
                     os._exit(1)
             for fd in fds:
@@ -420,4 +467,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "launch":
         launch(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:])
     elif sys.argv[1] == "serve":
-        serve(sys.argv[2], int(sys.argv[3]))
+        serve(sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4]), int(sys.argv[5]))
