@@ -252,10 +252,11 @@ def _why_cold(req: dict, env0: dict[str, str], kind: dict[str, str]) -> str | No
         keys = sorted(k for k in env.keys() | env0.keys() if env.get(k) != env0.get(k))
         return f"environment differs: {keys}"
     argv = req["argv"]
-    if "${" in _kind(argv, req["env"])["pythonpath"]:
+    theirs = _kind(argv, req["env"])
+    if "${" in theirs["pythonpath"]:
         return "the runtime env's PYTHONPATH names another variable"
-    if _kind(argv, req["env"]) != kind:
-        return f"a worker of kind {_kind(argv, req['env'])}, this zygote's is {kind}"
+    if theirs != kind:
+        return f"a worker of kind {theirs}, this zygote's is {kind}"
     if os.path.basename(argv[0]) == "setup_worker.py":
         language, ctx = _setup_options(argv)
         if language != "PYTHON":
