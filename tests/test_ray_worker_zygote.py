@@ -43,6 +43,14 @@ def _actor(cold: bool):
     return Probe.options(**opts).remote()
 
 
+def _probe_new_actor(actors: list, cold: bool = False) -> dict:
+    """_about_me() from a new Probe actor, kept in `actors` for the test to kill."""
+    import ray
+
+    actors.append(_actor(cold))
+    return ray.get(actors[-1].about.remote(), timeout=180)
+
+
 def _launches(ray_head) -> tuple[int, int]:
     return Z.launch_counts(ray_head.temp_dir)
 
@@ -64,17 +72,12 @@ def test_a_forked_worker_is_the_worker_a_cold_start_gives(ray_head):
     join_ray(ray_head, "ray_worker_zygote")
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
     actors = []
-
-    def probe(cold: bool):
-        actors.append(_actor(cold))
-        return ray.get(actors[-1].about.remote(), timeout=180)
-
-    _on_a_fork(lambda: probe(cold=False))  # the zygote serves, started by this job or an earlier one
+    _on_a_fork(lambda: _probe_new_actor(actors))  # the zygote serves, started by this job or an earlier one
     join_ray(ray_head, "ray_worker_zygote")  # a job of its own: its forks must register as this job, not the zygote's
     actors.clear()
-    w = probe(cold=False)
+    w = _probe_new_actor(actors)
     before = _launches(ray_head)
-    c = probe(cold=True)
+    c = _probe_new_actor(actors, cold=True)
     after = _launches(ray_head)
     assert after[1] > before[1], (before, after)  # the cold one's launch (the warm one may take an idle fork)
     assert w["launcher"] is not None and c["launcher"] is None  # one forked, one started cold
@@ -94,14 +97,9 @@ def test_a_fork_dies_with_its_launcher_and_ray_sees_the_actor_die(ray_head):
     join_ray(ray_head, "ray_worker_zygote")
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     actors = []
-
-    def probe():
-        actors.append(_actor(cold=False))
-        return ray.get(actors[-1].about.remote(), timeout=180)
-
-    me = _on_a_fork(probe)
+    me = _on_a_fork(lambda: _probe_new_actor(actors))
     assert me["launcher"] is not None
-    probe = actors[-1]
+    probe = actors[-1]  # the actor that answered
     os.kill(me["launcher"], signal.SIGKILL)  # as the raylet ends a worker that never registered
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and os.path.exists(f"/proc/{me['pid']}"):
