@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `tests.*` importable from conftest however pytest was started
     sys.path.insert(0, str(ROOT))
 from tests.support import servers  # noqa: E402
-from tests.support.servers import mlflow_server, ray_head  # noqa: E402,F401  (session fixtures: real servers on loopback)
+from tests.support.servers import external_engine, mlflow_server, ray_head, sglang_engine  # noqa: E402,F401  (real servers on loopback)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -114,12 +114,16 @@ LONG_MODULES = {
     "tests/orchestration/test_sglang_engines.py": 252, "tests/orchestration/test_megatron_group.py": 118,
     "tests/engine/test_checkpoint.py": 111, "tests/training/megatron/test_critic.py": 110,
     "tests/engine/test_watchdog.py": 89, "tests/training/test_packing.py": 79, "tests/orchestration/test_ray_backend.py": 79,
-    "tests/config/test_experiments.py": 77, "tests/app/test_stop.py": 73, "tests/rollout/sglang/test_weights.py": 54,
+    "tests/config/test_experiments.py": 77, "tests/app/test_stop.py": 73,
     "tests/tracking/test_store.py": 47,
     # measured alone (`-n 0`) beside other work on the 2-core machine, before their first tier run
     "tests/orchestration/test_multi_node.py": 305, "tests/e2e/test_step_hooks.py": 250,
     "tests/training/megatron/test_moe_experiment.py": 248, "tests/training/megatron/test_expert_parallel.py": 137,
-    "tests/orchestration/test_ray_rollout_hooks.py": 63, "tests/rollout/sglang/test_post_write.py": 58,
+    "tests/orchestration/test_ray_rollout_hooks.py": 63,
+    # runs attached to the test process's shared SGLang engine (tests/support/servers.py): the first of them on a
+    # worker also waits ~17 s for it to start
+    "tests/rollout/sglang/test_post_write.py": 32, "tests/rollout/sglang/test_weights.py": 33,
+    "tests/rollout/sglang/test_external_engines.py": 42,
 }
 
 

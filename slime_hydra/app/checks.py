@@ -53,6 +53,7 @@ def check(given: RunConfig) -> tuple[RunConfig, list[str], list[str]]:
     if cfg.rollout.backend == "sglang":  # reads sglang's sources with ast, imports nothing
         problems += sglang_checks.check(cfg.rollout, cfg.cluster)
     problems += sglang_checks.check_post_write(cfg.rollout, cfg.cluster)
+    problems += sglang_checks.check_external(cfg.rollout, cfg.cluster)
     problems += cluster_checks.check_local_only(cfg.cluster, cfg.data.streaming, cfg.load_debug_rollout_data,
                                                 cfg.debug_rollout_only)
     more, more_notes = cluster_checks.check(cfg.cluster, cfg.rollout.backend, cfg.train, cfg.parallelism)

@@ -169,6 +169,11 @@ def rollout_lines(cfg: RunConfig, nodes: Nodes) -> list[str]:
     if cfg.load_debug_rollout_data:
         return [f"rollout: none (load_debug_rollout_data={cfg.load_debug_rollout_data}: samples replayed from dumps)"]
     if c.backend != "ray":
+        if r.backend == "sglang" and r.rollout_external_engine_addrs:
+            return [f"rollout: {len(r.rollout_external_engine_addrs)} SGLang server(s) already running, not started by "
+                    f"this run (rollout.rollout_external_engine_addrs: {', '.join(map(str, r.rollout_external_engine_addrs))}), "
+                    f"behind an sglang-router of its own (policy {r.sglang_router_policy}); their weights reset to the "
+                    "model's and checked before the first rollout"]
         if r.backend == "sglang":
             n = num_engines(c)
             return [f"rollout: {n} SGLang server(s) × {c.rollout_num_gpus_per_engine} device(s) (tp_size), child processes "

@@ -227,6 +227,12 @@ class RolloutConfig:
     sglang_max_retries: int = 5  # per request (transport errors, 5xx, stale weights), exponential backoff
     sglang_retry_backoff_s: float = 0.5
     sglang_server_start_timeout_s: float = 600.0
+    # slime's --rollout-external-engine-addrs: SGLang servers already running ("host:port" or "http://host:port", one
+    # per engine), started with --api-key set to $SLIME_HYDRA_SGLANG_API_KEY. The run starts none, puts its own router
+    # in front of them, checks their options against rollout.sglang, syncs the model's weights to them as version 0
+    # (checked equal) before the first rollout, and leaves them running; an engine lost mid-run is waited for, not
+    # restarted.
+    rollout_external_engine_addrs: Optional[list[str]] = None
     weight_sync: str = "auto"  # auto (tensor when colocated, else distributed) | tensor | distributed (gloo/NCCL group) | disk
     update_weight_buffer_size: int = 512 * 1024**2  # bytes per weight-sync bucket (slime's default)
     check_weight_update_equal: bool = False  # after each sync, compare every engine's weights with the trainer's

@@ -26,7 +26,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pytest
@@ -240,3 +240,69 @@ def join_ray(head: RayHead, namespace: str, log_to_driver: bool = True, **runtim
         ray.shutdown()
     ray.init(address=head.gcs_address, namespace=namespace, logging_level="WARNING", log_to_driver=log_to_driver,
              **({"runtime_env": runtime_env} if runtime_env else {}))
+
+
+# -- one SGLang CPU engine per test process, shared by its modules ---------------------------------------------------
+
+SHARED_ENGINE_EXPERIMENT = "experiment=grpo/qwen3-tiny-addition-cpu-sglang-torch-v1"
+
+
+@dataclass(frozen=True)
+class SharedEngine:
+    """A running SGLang engine this test process started, for runs that attach to it (rollout.rollout_external_engine_addrs)."""
+
+    addr: str  # 127.0.0.1:PORT
+    pid: int
+    log_path: Path
+    model_dir: Path  # what it loaded: the tiny model, seed of the experiment
+    key: str = field(repr=False)
+
+    @property
+    def override(self) -> str:
+        return f"rollout.rollout_external_engine_addrs=[{self.addr}]"
+
+    @property
+    def endpoint(self):
+        from slime_hydra.rollout.sglang.endpoint import Endpoint
+
+        return Endpoint(f"http://{self.addr}", self.key)
+
+
+@pytest.fixture(scope="session")
+def sglang_engine(tmp_path_factory):
+    """An SGLang CPU engine started on first use and kept for the test process (an xdist worker runs one module at a
+    time, so its modules take turns): the shipped CPU experiment's engine options and model, its own random key, started
+    as a user would (slime_hydra's keyed launcher, the key in its environment). Each run that attaches to it resets its
+    weights to the run's model and checks them (SGLangRollout.attach), so no module sees another's trained weights."""
+    from slime_hydra.app.inputs import prepare
+    from slime_hydra.app.preflight import compose_run
+    from slime_hydra.models.build import build_model
+    from slime_hydra.rollout.sglang.endpoint import KEY_ENV, new_key
+    from slime_hydra.rollout.sglang.engines import engine_argv, wait_healthy
+    from slime_hydra.rollout.sglang.process import ManagedProcess
+
+    root = tmp_path_factory.mktemp("shared_sglang_engine")
+    cfg = compose_run([SHARED_ENGINE_EXPERIMENT])
+    inputs = prepare(cfg)
+    model_dir = root / "model"
+    build_model(inputs.model, inputs.tokenizer, cfg.seed).save_pretrained(model_dir, safe_serialization=True)
+    inputs.tokenizer.save_pretrained(model_dir)
+    port, key = free_port(), new_key()
+    argv = engine_argv(str(model_dir), 1, cfg.seed, {"dtype": cfg.model.dtype, **cfg.rollout.sglang}, "127.0.0.1", port)
+    env = {**cfg.rollout.sglang_env, KEY_ENV: key}
+    proc = ManagedProcess("shared-sglang-engine", argv, root / "engine.log", env).start()
+    try:
+        wait_healthy(proc, f"http://127.0.0.1:{port}", 600, "the test process's shared SGLang engine")
+        yield SharedEngine(f"127.0.0.1:{port}", proc.pid, root / "engine.log", model_dir, key)
+    finally:
+        proc.stop(grace_s=3.0)
+
+
+@pytest.fixture(scope="module")
+def external_engine(sglang_engine):
+    """The shared engine for one module, its key where a run reads it ($SLIME_HYDRA_SGLANG_API_KEY)."""
+    from slime_hydra.rollout.sglang.endpoint import KEY_ENV
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(KEY_ENV, sglang_engine.key)
+        yield sglang_engine

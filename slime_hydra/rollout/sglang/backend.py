@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Callable, ContextManager, Optional
 
@@ -37,7 +38,16 @@ from slime_hydra.rollout.sglang import sources as S
 from slime_hydra.rollout.sglang import weights as W
 from slime_hydra.rollout.sglang.checks import weight_sync_mode
 from slime_hydra.rollout.sglang.client import Generated, RouterClient
-from slime_hydra.rollout.sglang.engines import Engine, EngineGroup, Launcher, server_memory, wait_routed
+from slime_hydra.rollout.sglang.engines import (
+    Engine,
+    EngineGroup,
+    EngineStartError,
+    Launcher,
+    engine_info,
+    same_option,
+    server_memory,
+    wait_routed,
+)
 from slime_hydra.types import Sample, SamplingParams, Status
 
 log = logging.getLogger(__name__)
@@ -50,13 +60,15 @@ class SGLangRollout:
     def __init__(self, cfg: RolloutConfig, model: torch.nn.Module, tokenizer, *, num_engines: int, tp_size: int,
                  seed: int, dtype: str, output_dir: str, colocate: bool, offload: bool, device: str,
                  launcher: Optional[Launcher] = None, starting: Callable[[], ContextManager] = contextlib.nullcontext,
-                 keep_on_host: bool = False, post_write: Optional[Callable[[str, int], None]] = None):
+                 keep_on_host: bool = False, post_write: Optional[Callable[[str, int], None]] = None,
+                 key: Optional[str] = None):
         """model: what the engines start from (anything with HF `save_pretrained`: under Ray, train rank 0 saves it).
         launcher: where the server processes run (engines.LocalLauncher, children of this process, unless given).
         starting: a context the engines start inside (the module docstring). keep_on_host (cluster.offload_train): the
         weights kept for a restarted engine's resync are host copies, not the trainer's tensors, which are released
         while the engines generate. post_write (rollout.custom_update_weight_post_write): fn(version_dir, version) after a disk
-        sync's files are written, before any engine reads them."""
+        sync's files are written, before any engine reads them. key: the engines' API key when the run attaches to
+        engines it did not start (rollout.rollout_external_engine_addrs, engines.ExternalLauncher): see `attach`."""
         self.cfg, self.tokenizer, self.tp_size, self.dtype = cfg, tokenizer, tp_size, dtype
         self.post_write = post_write
         self.mode = weight_sync_mode(cfg.weight_sync, colocate)
@@ -71,7 +83,7 @@ class SGLangRollout:
             options.setdefault("enable_memory_saver", True)
         self.group = EngineGroup(str(self.init_dir), num_engines, tp_size, seed, options, cfg.sglang_router_policy,
                                  dict(cfg.sglang_router), self.dir / "logs", cfg.sglang_server_start_timeout_s,
-                                 dict(cfg.sglang_env), launcher)
+                                 dict(cfg.sglang_env), launcher, key)
         self.weight_version = 0
         self.synced_version: Optional[int] = None  # None until the first sync: engines report "default"
         self._update_groups = D.UpdateGroups(device)  # weight_sync=distributed from this process: one group per engine
@@ -86,12 +98,18 @@ class SGLangRollout:
         self._stats_lock = threading.Lock()
         t0 = time.perf_counter()
         with starting():
-            self.group.start()
+            self.group.start(partial(self.check_attached, options) if key is not None else None)
             self.client = RouterClient(self.group.router_endpoint, cfg.sglang_server_concurrency * num_engines,
                                        cfg.sglang_request_timeout_s, cfg.sglang_max_retries, cfg.sglang_retry_backoff_s)
             self._wait_router()
             if self.offload:
                 self.release_memory()  # the engines hold their KV cache only while they generate
+        if key is not None:  # after `starting`: the trainer's tensors (the model's, for the torch trainer) are back
+            try:
+                self.attach(model)
+            except BaseException:
+                self.shutdown()
+                raise
         self.start_time_s = time.perf_counter() - t0
         self.engine_memory = server_memory(self.group.engines[0].endpoint, 30.0)  # engine 0's; the others alike
         if cfg.use_fault_tolerance:
@@ -105,6 +123,43 @@ class SGLangRollout:
         except BaseException:
             self.shutdown()
             raise
+
+    def check_attached(self, options: dict, engines: list[Engine]) -> None:
+        """Engines this run did not start (before its router starts): each must answer with the key and run with the
+        run's options (rollout.sglang, model.dtype, the tp size), else an EngineStartError names every key that differs."""
+        timeout = self.cfg.sglang_request_timeout_s
+        wanted = {**{k: v for k, v in options.items() if v is not None}, "tp_size": self.tp_size}
+        problems = []
+        for e in engines:
+            info = engine_info(e.endpoint, timeout)
+            for k, v in wanted.items():
+                if k in info and not same_option(info[k], v):
+                    name = {"dtype": "model.dtype", "tp_size": "cluster.rollout_num_gpus_per_engine"}.get(k, f"rollout.sglang.{k}")
+                    problems.append(f"{name}={v!r}, but the engine at {e.url} runs with {k}={info[k]!r}")
+        if problems:
+            raise EngineStartError("rollout.rollout_external_engine_addrs: engines this run did not start keep the options "
+                                   "they were started with:\n  " + "\n  ".join(problems) +
+                                   "\nset each key to the engine's value (or drop it from rollout.sglang), or restart the "
+                                   "engines with the run's")
+
+    def attach(self, model: torch.nn.Module) -> None:
+        """Engines this run did not start hold weights of their own (another run's, its last sync's): they are replaced
+        by the model's as version 0 (from the model's files with weight_sync=disk, as an engine this run starts loads
+        them; from its tensors otherwise) and checked equal on every engine before anything generates."""
+        timeout = self.cfg.sglang_request_timeout_s
+        named = [(n, p.detach()) for n, p in model.named_parameters()]
+        source = S.LocalTensors(named, self._update_groups)
+        with self._sync_lock:
+            for e in self.group.engines:
+                if self.route is None:
+                    W.update_from_disk(e.endpoint, self.init_dir, 0, timeout)
+                else:
+                    self._sync_engine(e, source, 0)
+            self._last_weights, self.weight_version, self.synced_version = source, 0, 0
+        for e in self.group.engines:
+            W.check_equal(e.endpoint, named, self.dtype, timeout)
+        if self.keep_on_host:  # the trainer's tensors are released while the engines generate: a resync sends copies
+            self._last_weights = source.to_host()
 
     # -- generate -------------------------------------------------------------------------------------
 

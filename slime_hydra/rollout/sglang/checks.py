@@ -5,7 +5,12 @@ Called by the composition floor (app/checks.py) with the two groups they read.
 
 from __future__ import annotations
 
+import os
+from typing import Optional
+from urllib.parse import urlsplit
+
 from slime_hydra.config.schema import ClusterConfig, RolloutConfig
+from slime_hydra.rollout.sglang.endpoint import KEY_ENV
 from slime_hydra.rollout.sglang.server_args import ROUTER_RUNNER_KEYS, RUNNER_KEYS, check_pass_through, router_arg_fields, server_arg_fields
 
 WEIGHT_SYNC = ("auto", "tensor", "distributed", "disk")
@@ -18,7 +23,24 @@ def weight_sync_mode(weight_sync: str, colocate: bool) -> str:
     return weight_sync if weight_sync != "auto" else ("tensor" if colocate else "distributed")
 
 
-def num_engines(c: ClusterConfig) -> int:
+def parse_engine_addr(addr: str) -> Optional[tuple[str, int]]:
+    """An external engine's address, "host:port" (slime's form) or "http://host:port" -> (host, port); None if it is
+    neither."""
+    try:
+        parts = urlsplit(addr if "://" in addr else f"http://{addr}")
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme != "http" or not parts.hostname or port is None or parts.path.strip("/") or parts.query:
+        return None
+    return parts.hostname, port
+
+
+def num_engines(c: ClusterConfig, external: Optional[list[str]] = None) -> int:
+    """One per external address when the run attaches to engines it did not start; else one per
+    cluster.rollout_num_gpus_per_engine of the rollout's GPUs."""
+    if external:
+        return len(external)
     gpus = c.rollout_num_gpus if c.rollout_num_gpus is not None else c.actor_num_nodes * c.actor_num_gpus_per_node
     return max(gpus // max(c.rollout_num_gpus_per_engine, 1), 1)
 
@@ -71,3 +93,29 @@ def check_post_write(rollout: RolloutConfig, cluster: ClusterConfig) -> list[str
     return [f"rollout.custom_update_weight_post_write runs after a disk weight sync writes its files; this run syncs "
             f"{mode} (rollout.backend={rollout.backend}, rollout.weight_sync={rollout.weight_sync}): set "
             "rollout.backend=sglang with rollout.weight_sync=disk, or unset the hook"]
+
+
+def check_external(rollout: RolloutConfig, cluster: ClusterConfig) -> list[str]:
+    """rollout.rollout_external_engine_addrs: engines this run attaches to (and so cannot start, place or restart)."""
+    addrs = rollout.rollout_external_engine_addrs
+    if addrs is None:
+        return []
+    key = "rollout.rollout_external_engine_addrs"
+    if rollout.backend != "sglang":
+        return [f"{key} names SGLang engines; rollout.backend={rollout.backend} starts none: set rollout=sglang or unset {key}"]
+    problems = [] if addrs else [f"{key} is empty: give one address per engine (\"host:port\"), or unset it"]
+    for i, addr in enumerate(addrs):
+        if parse_engine_addr(str(addr)) is None:
+            problems.append(f"{key}[{i}]={addr!r} is not an engine address: give \"host:port\" or \"http://host:port\"")
+    parsed = [parse_engine_addr(str(a)) for a in addrs]
+    if len({p for p in parsed if p is not None}) < len([p for p in parsed if p is not None]):
+        problems.append(f"{key} names an engine twice ({list(addrs)}): each address is one engine")
+    if cluster.backend != "local":
+        problems.append(f"{key} with cluster.backend={cluster.backend}: attaching to running engines is built for "
+                        "cluster.backend=local (the trainer in this process); set cluster.backend=local, or unset the "
+                        "key and let Ray place the engines")
+    if not os.environ.get(KEY_ENV):
+        problems.append(f"{key}: the engines' API key is read from ${KEY_ENV}, which is not set; export the key the "
+                        "engines were started with (sglang.launch_server --api-key): engines without one would serve "
+                        "and take weights from anyone on the node")
+    return problems

@@ -99,6 +99,51 @@ class LocalLauncher:
         pass
 
 
+class ExternalServer:
+    """An engine this run did not start (rollout.rollout_external_engine_addrs): no process of ours to stop, kill or read
+    the log of. It counts as alive; the health monitor sees it fail its checks, and its "restart" waits for it to answer
+    again (ExternalLauncher), then resyncs it. Its socket is the one the user named: `listens_on` trusts the address,
+    and the key (which only the engines' owner has) is what the run checks (SGLangRollout.attach)."""
+
+    pid: Optional[int] = None
+    returncode: Optional[int] = None
+
+    def __init__(self, url: str, log_path: Path) -> None:
+        self.url, self.log_path = url, log_path
+
+    def alive(self) -> bool:
+        return True
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+    def log_tail(self, n: int = 30) -> str:
+        return f"(an engine this run did not start: its log is where {self.url} was started)"
+
+    def listens_on(self, port: int) -> bool:
+        return True
+
+
+class ExternalLauncher:
+    """Engines already running at `addrs` ((host, port), one per engine): `launch` starts nothing and hands back the
+    engine's address; a relaunch (the health monitor's, after failed checks) waits for it to answer again."""
+
+    def __init__(self, addrs: list[tuple[str, int]]) -> None:
+        self.addrs = list(addrs)
+
+    def launch(self, index: int, argv: Argv, log_path: Path, env: dict[str, str],
+               port: Optional[int]) -> tuple[ServerProcess, str, int]:
+        host, port = self.addrs[index]
+        url = f"http://{host}:{port}"
+        return ExternalServer(url, log_path), host, port
+
+    def shutdown(self) -> None:
+        pass
+
+
 @dataclass
 class Engine:
     index: int
@@ -156,6 +201,34 @@ def server_memory(endpoint: Endpoint, timeout: float) -> dict[str, float]:
                     "perf/engine_free_at_start_gib": float(usage.get("startup_available", 0.0)),
                     "perf/engine_kv_tokens": float(usage.get("token_capacity", 0))}
     return {}
+
+
+def engine_info(endpoint: Endpoint, timeout: float) -> dict[str, Any]:
+    """An engine's /server_info (its ServerArgs among the rest), asked with the key: an engine that refuses the key is an
+    EngineStartError naming where the key comes from."""
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            r = httpx.get(endpoint.url + path, headers=endpoint.headers, timeout=timeout)
+        except httpx.HTTPError as e:
+            raise EngineStartError(f"the engine at {endpoint.url} did not answer {path}: {e}") from None
+        if r.status_code in (401, 403):
+            raise EngineStartError(f"the engine at {endpoint.url} refused the key in ${KEY_ENV} (HTTP {r.status_code}): "
+                                   "export the key the engine was started with (sglang.launch_server --api-key)")
+        if r.status_code == 200:
+            return r.json()
+    raise EngineStartError(f"the engine at {endpoint.url} answered neither /server_info nor /get_server_info "
+                           f"(HTTP {r.status_code}): is it an SGLang server?")
+
+
+def same_option(engine: Any, run: Any) -> bool:
+    """An engine's ServerArgs value against the run's (YAML: 0.5 and 1 for 0.5 and 1.0, a number given as a string)."""
+    if isinstance(engine, (int, float)) and not isinstance(engine, bool) and isinstance(run, (int, float, str)) \
+            and not isinstance(run, bool):
+        try:
+            return float(engine) == float(run)
+        except ValueError:
+            return False
+    return engine == run or str(engine) == str(run)
 
 
 def wait_healthy(proc: ServerProcess, url: str, timeout_s: float, what: str) -> None:
@@ -216,10 +289,11 @@ def engine_argv(model_path: str, tp_size: int, seed: int, options: dict[str, Any
 class EngineGroup:
     def __init__(self, model_path: str, num_engines: int, tp_size: int, seed: int, options: dict[str, Any],
                  router_policy: str, router_options: dict[str, Any], log_dir: Path, start_timeout_s: float,
-                 env: dict[str, str] | None = None, launcher: Optional[Launcher] = None):
+                 env: dict[str, str] | None = None, launcher: Optional[Launcher] = None, key: Optional[str] = None):
+        """key: the engines' API key when they are not this run's (ExternalLauncher); a new one per run otherwise."""
         self.log_dir, self.start_timeout_s = Path(log_dir), start_timeout_s
         self.launcher: Launcher = launcher if launcher is not None else LocalLauncher()
-        self.key = new_key()  # one per run: the engines and the router
+        self.key = key or new_key()  # the engines' and the router's
         env = {k: str(v) for k, v in (env or {}).items()} | {KEY_ENV: self.key}
         self.engines = [Engine(i, partial(engine_argv, model_path, tp_size, seed + i, options), self.log_dir / f"engine_{i}.log",
                                self.launcher, env=dict(env), key=self.key) for i in range(num_engines)]
@@ -248,8 +322,9 @@ class EngineGroup:
         return [*KEYED, "sglang_router.launch_router", "--worker-urls", *[e.url for e in self.engines],
                 "--host", "127.0.0.1", "--port", str(self.router_port), "--policy", self.router_policy, *to_argv(options)]
 
-    def start(self) -> None:
-        """All engines start at once (they load in parallel), then the router in front of them."""
+    def start(self, check: Optional[Callable[[list[Engine]], None]] = None) -> None:
+        """All engines start at once (they load in parallel), then the router in front of them. check(engines): once
+        every engine answers, before the router starts (an error there stops the group)."""
         try:
             for e in self.engines:
                 e.launch()
@@ -257,6 +332,8 @@ class EngineGroup:
                 wait_healthy(e.process, e.url, self.start_timeout_s, f"SGLang engine {e.index}")
                 e.ever_healthy = True
                 e.healthy.set()
+            if check is not None:
+                check(self.engines)
             self.router = ManagedProcess("sglang-router", self._router_argv(), self.log_dir / "router.log",
                                          {KEY_ENV: self.key}).start()
             wait_healthy(self.router, self.router_url, self.start_timeout_s, "sglang-router")
@@ -290,8 +367,12 @@ class EngineGroup:
         e.failures += 1
         e.healthy.clear()
         if dead or e.failures >= max_failures:
-            log.warning("sglang engine %d %s; restarting it (log %s)", e.index,
-                        "exited" if dead else f"failed {e.failures} health checks", e.log_path)
+            if isinstance(e.process, ExternalServer):  # not this run's to restart: "relaunched", it is waited for
+                log.warning("sglang engine %d (%s, not started by this run) failed %d health checks; waiting for it to "
+                            "answer again, then resyncing it", e.index, e.url, e.failures)
+            else:
+                log.warning("sglang engine %d %s; restarting it (log %s)", e.index,
+                            "exited" if dead else f"failed {e.failures} health checks", e.log_path)
             e.process.stop(grace_s=2.0)
             e.restarts += 1
             e.launch()

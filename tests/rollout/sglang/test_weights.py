@@ -85,10 +85,11 @@ SHORT = ["logger.progress_bar=false", "eval.eval_interval=null", "eval.skip_eval
 
 
 @pytest.fixture(scope="module")
-def short_run(tmp_path_factory):
-    """NUM_ROLLOUT GRPO rollouts through one colocated SGLang CPU engine (weights synced from tensors, every
-    sync checked equal), then ASYNC_ROLLOUTS more in train_mode=async on the same components, tracked in a
-    real sqlite MLflow store. The engine stays up for the tests."""
+def short_run(tmp_path_factory, external_engine):
+    """NUM_ROLLOUT GRPO rollouts through one colocated SGLang CPU engine (the test process's shared engine, attached:
+    its weights reset to the run's model and checked; then weights synced from tensors, every sync checked equal), then
+    ASYNC_ROLLOUTS more in train_mode=async on the same components, tracked in a real sqlite MLflow store. The run's
+    router stays up for the tests."""
     from slime_hydra.app.build import build
     from slime_hydra.app.preflight import compose_run
     from slime_hydra.app.session import loop_settings
@@ -97,12 +98,12 @@ def short_run(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("weight_sync")
     db = mlflow_db(out / "mlflow.db")
-    cfg = compose_run([EXPERIMENT, *SHORT, f"num_rollout={NUM_ROLLOUT}", f"logger.tracking_uri={db}"])
+    cfg = compose_run([EXPERIMENT, *SHORT, f"num_rollout={NUM_ROLLOUT}", f"logger.tracking_uri={db}", external_engine.override])
     c = build(cfg, str(out))
     try:
         history = loop.run(loop_settings(cfg), c, str(out / "ckpt"))
         cfg_async = compose_run([EXPERIMENT, *SHORT, f"num_rollout={NUM_ROLLOUT + ASYNC_ROLLOUTS}", "train_mode=async",
-                                 f"logger.tracking_uri={db}"])
+                                 f"logger.tracking_uri={db}", external_engine.override])
         c.state.start_rollout = NUM_ROLLOUT
         loop.run(loop_settings(cfg_async), c, str(out / "ckpt"))
         yield cfg, c, history, db, c.rollout.weight_version
@@ -183,9 +184,10 @@ def test_interleaved_dtypes_sync_in_ceil_bytes_over_buffer_requests_on_every_pat
 
 @pytest.mark.sglang
 @pytest.mark.integration
-def test_the_engine_and_the_router_refuse_a_request_without_the_runs_key(short_run):
-    """Another user of the node reaches the loopback too: without this run's key the engine and the router answer 401,
-    to a generate as to a weight swap or a pause; the key is on no command line (what `ps` shows) and in no log."""
+def test_the_engine_and_the_router_refuse_a_request_without_the_runs_key(short_run, external_engine):
+    """Another user of the node reaches the loopback too: without the key the engine and the run's router answer 401,
+    to a generate as to a weight swap or a pause; the key is on no command line (what `ps` shows) and in no log. (The
+    engine is the shared one, started through the same keyed launcher as a run's own: tests/support/servers.py.)"""
     from pathlib import Path
 
     import httpx
@@ -203,8 +205,9 @@ def test_the_engine_and_the_router_refuse_a_request_without_the_runs_key(short_r
         r = httpx.post(e.url + path, json=payload) if payload is not None else httpx.get(e.url + path)
         assert r.status_code == 401, (path, r.status_code, r.text[:200])
     assert httpx.get(e.url + "/health", timeout=60).status_code == 200  # open to probes, as SGLang keeps it
-    for pid in (e.process.pid, group.router.pid):
+    assert group.key == external_engine.key
+    for pid in (external_engine.pid, group.router.pid):
         assert group.key not in Path(f"/proc/{pid}/cmdline").read_bytes().decode()
     logs = sorted((c.rollout.dir / "logs").glob("*.log"))
-    assert [f.name for f in logs] == ["engine_0.log", "router.log"]
-    assert all(group.key not in f.read_text() for f in logs)
+    assert [f.name for f in logs] == ["router.log"]
+    assert all(group.key not in f.read_text() for f in [*logs, external_engine.log_path])
