@@ -14,6 +14,9 @@ release their KV cache and CUDA graphs right after they start and after every ge
 next; their weights stay, so a weight sync needs nothing resumed and a generation after a release nothing re-sent.
 `starting`: what the engines start inside (cluster.offload_train: the trainer released, so that each engine sizes
 its KV cache on a GPU the trainer does not hold: docs/memory.md).
+Engines the run did not start (rollout.rollout_external_engine_addrs: `key` given, engines.ExternalLauncher): checked
+with the key and against the run's options before the router starts (`check_attached`), then reset to the model's
+weights as version 0 and checked equal (`attach`); the run never stops them.
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ too is resynced before it serves again.
 
 Where a server process runs is the launcher's business (`Launcher`): `LocalLauncher` starts it as a
 child of this process; under `cluster.backend=ray` the orchestration floor's launcher starts it inside a
-Ray actor on the engine's bundle and hands back a handle with the same methods. Either way the engine
-has a URL, and everything else (router, generation, weight sync, health checks, restarts) goes over HTTP.
+Ray actor on the engine's bundle and hands back a handle with the same methods; `ExternalLauncher` starts nothing and
+hands back a server someone else started (rollout.rollout_external_engine_addrs), which the run never stops. Either way
+the engine has a URL, and everything else (router, generation, weight sync, health checks, restarts) goes over HTTP.
 
 The engines and the router run with this run's API key (endpoint.py) and are launched through keyed.py, so the key
 is on no command line. A server counts as up once /health answers (without the key) and the socket on its port
@@ -137,7 +138,7 @@ class ExternalLauncher:
     def launch(self, index: int, argv: Argv, log_path: Path, env: dict[str, str],
                port: Optional[int]) -> tuple[ServerProcess, str, int]:
         host, port = self.addrs[index]
-        url = f"http://{host}:{port}"
+        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
         return ExternalServer(url, log_path), host, port
 
     def shutdown(self) -> None:
@@ -164,7 +165,7 @@ class Engine:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"http://[{self.host}]:{self.port}" if ":" in self.host else f"http://{self.host}:{self.port}"
 
     @property
     def endpoint(self) -> Endpoint:

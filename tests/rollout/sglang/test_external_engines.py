@@ -29,8 +29,24 @@ def test_an_address_is_host_and_port_with_or_without_the_scheme():
     assert parse_engine_addr("127.0.0.1:30000") == ("127.0.0.1", 30000)
     assert parse_engine_addr("http://node-3:8000") == ("node-3", 8000)
     assert parse_engine_addr("http://node-3:8000/") == ("node-3", 8000)
+    assert parse_engine_addr("[::1]:30000") == ("::1", 30000)
     for bad in ("127.0.0.1", "node-3:http", "https://node-3:8000", "http://node-3:8000/generate", ":8000", "h:99999"):
         assert parse_engine_addr(bad) is None, bad
+
+
+def test_an_attached_engine_starts_nothing_and_keeps_its_address(tmp_path):
+    from slime_hydra.rollout.sglang.engines import Engine, ExternalLauncher
+
+    launcher = ExternalLauncher([("10.0.0.7", 30000), ("::1", 30001)])
+    engines = [Engine(i, lambda host, port: ["never", "run"], tmp_path / f"engine_{i}.log", launcher) for i in range(2)]
+    for e in engines:
+        e.launch()
+        e.process.stop()
+        e.process.kill()
+        e.launch()  # the health monitor's relaunch: the same engine, waited for
+    assert [e.url for e in engines] == ["http://10.0.0.7:30000", "http://[::1]:30001"]
+    assert [(e.process.pid, e.process.alive(), e.launches) for e in engines] == [(None, True, 2)] * 2
+    assert not any(tmp_path.iterdir())  # no log: the engines' are where they were started
 
 
 def test_the_addresses_the_backend_and_the_key_are_checked_before_anything_starts(monkeypatch):
