@@ -100,11 +100,16 @@ class LocalLauncher:
         pass
 
 
+def http_url(host: str, port: Optional[int]) -> str:
+    """An IPv6 host in brackets."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 class ExternalServer:
     """An engine this run did not start (rollout.rollout_external_engine_addrs): no process of ours to stop, kill or read
     the log of. It counts as alive; the health monitor sees it fail its checks, and its "restart" waits for it to answer
     again (ExternalLauncher), then resyncs it. Its socket is the one the user named: `listens_on` trusts the address,
-    and the key (which only the engines' owner has) is what the run checks (SGLangRollout.attach)."""
+    and the key (which only the engines' owner has) is what the run checks (SGLangRollout.check_attached)."""
 
     pid: Optional[int] = None
     returncode: Optional[int] = None
@@ -138,8 +143,7 @@ class ExternalLauncher:
     def launch(self, index: int, argv: Argv, log_path: Path, env: dict[str, str],
                port: Optional[int]) -> tuple[ServerProcess, str, int]:
         host, port = self.addrs[index]
-        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-        return ExternalServer(url, log_path), host, port
+        return ExternalServer(http_url(host, port), log_path), host, port
 
     def shutdown(self) -> None:
         pass
@@ -165,7 +169,7 @@ class Engine:
 
     @property
     def url(self) -> str:
-        return f"http://[{self.host}]:{self.port}" if ":" in self.host else f"http://{self.host}:{self.port}"
+        return http_url(self.host, self.port)
 
     @property
     def endpoint(self) -> Endpoint:
