@@ -104,11 +104,12 @@ def check_external(rollout: RolloutConfig, cluster: ClusterConfig) -> list[str]:
     if rollout.backend != "sglang":
         return [f"{key} names SGLang engines; rollout.backend={rollout.backend} starts none: set rollout=sglang or unset {key}"]
     problems = [] if addrs else [f"{key} is empty: give one address per engine (\"host:port\"), or unset it"]
-    for i, addr in enumerate(addrs):
-        if parse_engine_addr(str(addr)) is None:
-            problems.append(f"{key}[{i}]={addr!r} is not an engine address: give \"host:port\" or \"http://host:port\"")
     parsed = [parse_engine_addr(str(a)) for a in addrs]
-    if len({p for p in parsed if p is not None}) < len([p for p in parsed if p is not None]):
+    for i, (addr, got) in enumerate(zip(addrs, parsed)):
+        if got is None:
+            problems.append(f"{key}[{i}]={addr!r} is not an engine address: give \"host:port\" or \"http://host:port\"")
+    valid = [p for p in parsed if p is not None]
+    if len(set(valid)) < len(valid):
         problems.append(f"{key} names an engine twice ({list(addrs)}): each address is one engine")
     if cluster.backend != "local":
         problems.append(f"{key} with cluster.backend={cluster.backend}: attaching to running engines is built for "
