@@ -192,25 +192,23 @@ def ping(url: str, path: str = "/health", timeout: float = 5.0) -> bool:
 def server_memory(endpoint: Endpoint, timeout: float) -> dict[str, float]:
     """What an engine says it holds (its /server_info memory_usage, SGLang >= 0.5: GiB): the `perf/engine_*` figures
     `slime-hydra plan` predicts (weights, KV cache, CUDA graphs, the free memory it was sized from); {} if it does not."""
-    for path in ("/server_info", "/get_server_info"):
-        try:
-            r = httpx.get(endpoint.url + path, headers=endpoint.headers, timeout=timeout)
-            usage = r.json()["internal_states"][0]["memory_usage"] if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-            usage = None
-        if isinstance(usage, dict):
-            graph = usage.get("graph") or {}
-            return {"perf/engine_weights_gib": float(usage.get("weight", 0.0)),
-                    "perf/engine_kv_cache_gib": float(usage.get("kvcache", 0.0)),
-                    "perf/engine_cuda_graphs_gib": float(sum(graph.values()) if isinstance(graph, dict) else graph or 0.0),
-                    "perf/engine_free_at_start_gib": float(usage.get("startup_available", 0.0)),
-                    "perf/engine_kv_tokens": float(usage.get("token_capacity", 0))}
-    return {}
+    try:
+        usage = engine_info(endpoint, timeout)["internal_states"][0]["memory_usage"]
+    except (EngineStartError, KeyError, IndexError, TypeError):
+        return {}
+    if not isinstance(usage, dict):
+        return {}
+    graph = usage.get("graph") or {}
+    return {"perf/engine_weights_gib": float(usage.get("weight", 0.0)),
+            "perf/engine_kv_cache_gib": float(usage.get("kvcache", 0.0)),
+            "perf/engine_cuda_graphs_gib": float(sum(graph.values()) if isinstance(graph, dict) else graph or 0.0),
+            "perf/engine_free_at_start_gib": float(usage.get("startup_available", 0.0)),
+            "perf/engine_kv_tokens": float(usage.get("token_capacity", 0))}
 
 
 def engine_info(endpoint: Endpoint, timeout: float) -> dict[str, Any]:
-    """An engine's /server_info (its ServerArgs among the rest), asked with the key: an engine that refuses the key is an
-    EngineStartError naming where the key comes from."""
+    """An engine's /server_info (its ServerArgs among the rest; /get_server_info before SGLang 0.5), asked with the key:
+    an engine that refuses the key, or answers no such JSON, is an EngineStartError saying why."""
     for path in ("/server_info", "/get_server_info"):
         try:
             r = httpx.get(endpoint.url + path, headers=endpoint.headers, timeout=timeout)
@@ -220,7 +218,11 @@ def engine_info(endpoint: Endpoint, timeout: float) -> dict[str, Any]:
             raise EngineStartError(f"the engine at {endpoint.url} refused the key in ${KEY_ENV} (HTTP {r.status_code}): "
                                    "export the key the engine was started with (sglang.launch_server --api-key)")
         if r.status_code == 200:
-            return r.json()
+            try:
+                return r.json()
+            except ValueError:
+                raise EngineStartError(f"the engine at {endpoint.url} answered {path} with no JSON: is it an SGLang "
+                                       "server?") from None
     raise EngineStartError(f"the engine at {endpoint.url} answered neither /server_info nor /get_server_info "
                            f"(HTTP {r.status_code}): is it an SGLang server?")
 
