@@ -111,9 +111,9 @@ def get(refs: Any, what: str, timeout_s: float, labels: Optional[Sequence[str]] 
 
 
 # A killed actor's death reaches the driver through the GCS: on a busy two-core machine it had not arrived 2 s after
-# its peer's failed collective (tests/orchestration/test_timeouts.py). The wait ends as soon as a peer's death arrives;
-# only an error with no dead peer waits it out.
-DEATH_GRACE_S = 5.0
+# its peer's failed collective (tests/orchestration/test_timeouts.py), and once (the tier beside it, 2026-12-06) not
+# within 5 s. The wait ends as soon as a peer's death arrives; only an error with no dead peer waits it out.
+DEATH_GRACE_S = 10.0
 
 
 def _peer_death(pending: list, what: str, label_of: dict, hint: str) -> Optional[RunError]:
