@@ -27,7 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `tests.*` importable from conftest however pytest was started
     sys.path.insert(0, str(ROOT))
 from tests.support import servers  # noqa: E402
-from tests.support.servers import external_engine, mlflow_server, ray_head, sglang_engine  # noqa: E402,F401  (real servers on loopback)
+from tests.support.servers import (  # noqa: E402,F401  (real servers on loopback)
+    external_engine,
+    external_router,
+    mlflow_server,
+    ray_head,
+    sglang_engine,
+    sglang_router,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -120,10 +127,10 @@ LONG_MODULES = {
     "tests/orchestration/test_multi_node.py": 305, "tests/e2e/test_step_hooks.py": 250,
     "tests/training/megatron/test_moe_experiment.py": 248, "tests/training/megatron/test_expert_parallel.py": 137,
     "tests/orchestration/test_ray_rollout_hooks.py": 63,
-    # runs attached to the test process's shared SGLang engine (tests/support/servers.py): the first of them on a
-    # worker also waits ~17 s for it to start
+    # runs attached to the test process's shared SGLang engine and router (tests/support/servers.py): the first of
+    # them on a worker also waits ~17 s for the engine to start, ~6 s for the router
     "tests/rollout/sglang/test_post_write.py": 32, "tests/rollout/sglang/test_weights.py": 33,
-    "tests/rollout/sglang/test_external_engines.py": 42,
+    "tests/rollout/sglang/test_external_engines.py": 42, "tests/rollout/sglang/test_external_router.py": 20,
 }
 
 

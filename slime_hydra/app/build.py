@@ -7,7 +7,6 @@ resume that restores every piece of state the loop reads.
 
 from __future__ import annotations
 
-import os
 from functools import partial
 from typing import Optional
 
@@ -26,7 +25,7 @@ from slime_hydra.models.build import build_model
 from slime_hydra.protocols import RolloutBackend, TrainBackend
 from slime_hydra.rollout.local import LocalRollout
 from slime_hydra.rollout.replay import NoWeightSync, ReplayRollout
-from slime_hydra.rollout.sglang.checks import num_engines, parse_engine_addr
+from slime_hydra.rollout.sglang.checks import num_engines
 from slime_hydra.runtime import pick_device
 from slime_hydra.training.noop import NoTrain
 from slime_hydra.training.specs import AlgorithmSpecs
@@ -49,17 +48,13 @@ def build_rollout(cfg: RunConfig, model: torch.nn.Module, tokenizer, output_dir:
     """trainer: released while SGLang engines start, with cluster.offload_train (each engine then sizes its KV cache on a
     GPU the trainer does not hold: docs/memory.md)."""
     if cfg.rollout.backend == "sglang":
+        from slime_hydra.app.sglang_attach import sglang_attachments
         from slime_hydra.rollout.sglang.backend import SGLangRollout  # its client and weight-sync stack: sglang runs only
-        from slime_hydra.rollout.sglang.endpoint import KEY_ENV
-        from slime_hydra.rollout.sglang.engines import ExternalLauncher
 
         c, external = cfg.cluster, cfg.rollout.rollout_external_engine_addrs
         offload = c.offload_rollout if c.offload_rollout is not None else c.colocate
         released = bool(c.offload_train) and trainer is not None
-        attach = {}
-        if external:  # engines already running: none started here, their key from the environment (checked set)
-            addrs = [parse_engine_addr(str(a)) for a in external]
-            attach = {"launcher": ExternalLauncher([a for a in addrs if a is not None]), "key": os.environ[KEY_ENV]}
+        attach = sglang_attachments(cfg.rollout)
         return SGLangRollout(cfg.rollout, model, tokenizer, num_engines=num_engines(c, external),
                              tp_size=c.rollout_num_gpus_per_engine,
                              seed=cfg.seed, dtype=cfg.model.dtype, output_dir=output_dir, colocate=c.colocate,

@@ -99,6 +99,7 @@ def sglang_rollout(cfg: RunConfig, pg, layout, trainer, tokenizer, calls, output
                    on_shutdown: Callable[[], None]) -> RolloutBackend:
     """`rollout.backend=sglang` under Ray: each engine's server started by an actor on its bundle
     (orchestration/sglang_engines.py), the router, client, weight sync and health monitor in this process."""
+    from slime_hydra.app.sglang_attach import sglang_attachments
     from slime_hydra.orchestration.sglang_engines import RayLauncher, RaySGLangRollout, SaveThroughRank0
     from slime_hydra.rollout.sglang.sources import TENSOR, route_of
 
@@ -115,4 +116,5 @@ def sglang_rollout(cfg: RunConfig, pg, layout, trainer, tokenizer, calls, output
                             output_dir=output_dir, colocate=c.colocate, offload=offload,
                             device="cuda" if layout.use_gpu else "cpu", launcher=RayLauncher(pg, layout, calls, driver_node_only),
                             on_shutdown=on_shutdown, starting=functools.partial(trainer_released, trainer, released),
-                            keep_on_host=released, post_write=load_target(cfg.rollout.custom_update_weight_post_write))
+                            keep_on_host=released, post_write=load_target(cfg.rollout.custom_update_weight_post_write),
+                            **sglang_attachments(cfg.rollout))

@@ -54,6 +54,7 @@ def check(given: RunConfig) -> tuple[RunConfig, list[str], list[str]]:
         problems += sglang_checks.check(cfg.rollout, cfg.cluster)
     problems += sglang_checks.check_post_write(cfg.rollout, cfg.cluster)
     problems += sglang_checks.check_external(cfg.rollout, cfg.cluster)
+    problems += sglang_checks.check_external_router(cfg.rollout)
     problems += cluster_checks.check_local_only(cfg.cluster, cfg.data.streaming, cfg.load_debug_rollout_data,
                                                 cfg.debug_rollout_only)
     more, more_notes = cluster_checks.check(cfg.cluster, cfg.rollout.backend, cfg.train, cfg.parallelism)

@@ -164,6 +164,15 @@ def train_lines(cfg: RunConfig, nodes: Nodes) -> list[str]:
 
 
 # -- rollout engines -----------------------------------------------------------------------------
+def router_words(r, own: str) -> str:
+    """The router in front of the engines: `own` (the run starts it), or one already running that it registers them
+    with."""
+    if r.sglang_router_ip is not None:
+        return (f"registered with the sglang-router already running at {r.sglang_router_ip}:{r.sglang_router_port} "
+                "(rollout.sglang_router_ip/port: not started by this run; the engines removed from it at the end)")
+    return own
+
+
 def rollout_lines(cfg: RunConfig, nodes: Nodes) -> list[str]:
     c, r, layout, kind = cfg.cluster, cfg.rollout, nodes.layout, nodes.kind
     if cfg.load_debug_rollout_data:
@@ -172,19 +181,21 @@ def rollout_lines(cfg: RunConfig, nodes: Nodes) -> list[str]:
         if r.backend == "sglang" and r.rollout_external_engine_addrs:
             return [f"rollout: {len(r.rollout_external_engine_addrs)} SGLang server(s) already running, not started by "
                     f"this run (rollout.rollout_external_engine_addrs: {', '.join(map(str, r.rollout_external_engine_addrs))}), "
-                    f"behind an sglang-router of its own (policy {r.sglang_router_policy}); their weights reset to the "
+                    f"{router_words(r, f'behind an sglang-router of its own (policy {r.sglang_router_policy})')}; their weights reset to the "
                     "model's and checked before the first rollout"]
         if r.backend == "sglang":
             n = num_engines(c)
             return [f"rollout: {n} SGLang server(s) × {c.rollout_num_gpus_per_engine} device(s) (tp_size), child processes "
-                    f"of this driver on cluster.device={c.device}, behind sglang-router (policy {r.sglang_router_policy})"]
+                    f"of this driver on cluster.device={c.device}, "
+                    f"{router_words(r, f'behind sglang-router (policy {r.sglang_router_policy})')}"]
         return ["rollout: one local engine (rollout.backend=local) in this process"]
     placed = ("colocated on the train bundles" if c.colocate
               else f"on bundles of their own (cluster.rollout_num_gpus={c.rollout_num_gpus})")
     if r.backend == "sglang":
         head = (f"rollout: {len(layout.engine_bundles)} SGLang engine(s) × {c.rollout_num_gpus_per_engine} {kind} "
-                f"(cluster.rollout_num_gpus_per_engine, the server's tp_size), {placed}, behind sglang-router "
-                f"(policy {r.sglang_router_policy}) in the driver; each server a child of a Ray actor on its first bundle")
+                f"(cluster.rollout_num_gpus_per_engine, the server's tp_size), {placed}, "
+                f"{router_words(r, f'behind sglang-router (policy {r.sglang_router_policy}) in the driver')}; "
+                "each server a child of a Ray actor on its first bundle")
     else:
         head = (f"rollout: {len(layout.engine_bundles)} local engine(s) (rollout.backend=local), one Ray actor each, {placed}; "
                 "a rollout manager actor (no resources) owns them and the prompt source")

@@ -221,6 +221,12 @@ class RolloutConfig:
     sglang_env: dict[str, str] = field(default_factory=dict)  # environment of the engine processes, e.g. {OMP_NUM_THREADS: '1'}
     sglang_router_policy: str = "cache_aware"  # sglang-router --policy: cache_aware | round_robin | random | power_of_two
     sglang_router: dict[str, Any] = field(default_factory=dict)  # RouterArgs pass-through (thresholds, health checks)
+    # a sglang-router already running (slime's --sglang-router-ip / --sglang-router-port), both or neither: the run starts
+    # no router, registers its engines with this one (each with its own key; the router's key from
+    # $SLIME_HYDRA_SGLANG_ROUTER_API_KEY), refuses it if it routes to engines the run does not own, and removes its
+    # engines from it at the end. sglang_router_policy and sglang_router are then the router's own, not the run's.
+    sglang_router_ip: Optional[str] = None
+    sglang_router_port: Optional[int] = None
     sglang_server_concurrency: int = 512  # in-flight requests per engine
     sglang_request_batch_size: int = 1  # samples per /generate request (slime sends one; batching cuts HTTP overhead on CPU)
     sglang_request_timeout_s: float = 600.0

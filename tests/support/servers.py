@@ -306,3 +306,58 @@ def external_engine(sglang_engine):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(KEY_ENV, sglang_engine.key)
         yield sglang_engine
+
+
+# -- one sglang-router per test process, in front of nothing until a run registers its engines -----------------------
+
+@dataclass(frozen=True)
+class SharedRouter:
+    """A running sglang-router this test process started, for runs that attach to it (rollout.sglang_router_ip/port)."""
+
+    host: str
+    port: int
+    pid: int
+    log_path: Path
+    key: str = field(repr=False)
+
+    @property
+    def overrides(self) -> list[str]:
+        return [f"rollout.sglang_router_ip={self.host}", f"rollout.sglang_router_port={self.port}"]
+
+    @property
+    def endpoint(self):
+        from slime_hydra.rollout.sglang.endpoint import Endpoint
+
+        return Endpoint(f"http://{self.host}:{self.port}", self.key)
+
+
+@pytest.fixture(scope="session")
+def sglang_router(tmp_path_factory):
+    """An sglang-router started on first use and kept for the test process, as a user starts one (slime_hydra's keyed
+    launcher, its own random key, loopback, no workers): each run that attaches registers its engines and removes them
+    when it ends, so the next module finds it empty (checked: a run refuses a router that routes to anything else)."""
+    from slime_hydra.rollout.sglang.endpoint import KEY_ENV, new_key
+    from slime_hydra.rollout.sglang.engines import KEYED, wait_healthy
+    from slime_hydra.rollout.sglang.process import ManagedProcess
+
+    root = tmp_path_factory.mktemp("shared_sglang_router")
+    port, prometheus = free_ports(2)
+    key = new_key()
+    argv = [*KEYED, "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus)]
+    proc = ManagedProcess("shared-sglang-router", argv, root / "router.log", {KEY_ENV: key}).start()
+    try:
+        wait_healthy(proc, f"http://127.0.0.1:{port}", 120, "the test process's shared sglang-router")
+        yield SharedRouter("127.0.0.1", port, proc.pid, root / "router.log", key)
+    finally:
+        proc.stop(grace_s=3.0)
+
+
+@pytest.fixture(scope="module")
+def external_router(sglang_router):
+    """The shared router for one module, its key where a run reads it ($SLIME_HYDRA_SGLANG_ROUTER_API_KEY)."""
+    from slime_hydra.rollout.sglang.endpoint import ROUTER_KEY_ENV
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(ROUTER_KEY_ENV, sglang_router.key)
+        yield sglang_router

@@ -17,6 +17,8 @@ its KV cache on a GPU the trainer does not hold: docs/memory.md).
 Engines the run did not start (rollout.rollout_external_engine_addrs: `key` given, engines.ExternalLauncher): checked
 with the key and against the run's options before the router starts (`check_attached`), then reset to the model's
 weights as version 0 and checked equal (`attach`); the run never stops them.
+A router the run did not start (rollout.sglang_router_ip/port: `external_router`): the engines are registered with it
+once they answer (and are checked, when attached), and removed from it at shutdown (external_router.py).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from slime_hydra.rollout.sglang.engines import (
     server_memory,
     wait_routed,
 )
+from slime_hydra.rollout.sglang.external_router import ExternalRouter
 from slime_hydra.types import Sample, SamplingParams, Status
 
 log = logging.getLogger(__name__)
@@ -64,14 +67,15 @@ class SGLangRollout:
                  seed: int, dtype: str, output_dir: str, colocate: bool, offload: bool, device: str,
                  launcher: Optional[Launcher] = None, starting: Callable[[], ContextManager] = contextlib.nullcontext,
                  keep_on_host: bool = False, post_write: Optional[Callable[[str, int], None]] = None,
-                 key: Optional[str] = None):
+                 key: Optional[str] = None, external_router: Optional[ExternalRouter] = None):
         """model: what the engines start from (anything with HF `save_pretrained`: under Ray, train rank 0 saves it).
         launcher: where the server processes run (engines.LocalLauncher, children of this process, unless given).
         starting: a context the engines start inside (the module docstring). keep_on_host (cluster.offload_train): the
         weights kept for a restarted engine's resync are host copies, not the trainer's tensors, which are released
         while the engines generate. post_write (rollout.custom_update_weight_post_write): fn(version_dir, version) after a disk
         sync's files are written, before any engine reads them. key: the engines' API key when the run attaches to
-        engines it did not start (rollout.rollout_external_engine_addrs, engines.ExternalLauncher): see `attach`."""
+        engines it did not start (rollout.rollout_external_engine_addrs, engines.ExternalLauncher): see `attach`.
+        external_router: a router already running (rollout.sglang_router_ip/port), which the engines are registered with."""
         self.cfg, self.tokenizer, self.tp_size, self.dtype = cfg, tokenizer, tp_size, dtype
         self.post_write = post_write
         self.mode = weight_sync_mode(cfg.weight_sync, colocate)
@@ -86,7 +90,7 @@ class SGLangRollout:
             options.setdefault("enable_memory_saver", True)
         self.group = EngineGroup(str(self.init_dir), num_engines, tp_size, seed, options, cfg.sglang_router_policy,
                                  dict(cfg.sglang_router), self.dir / "logs", cfg.sglang_server_start_timeout_s,
-                                 dict(cfg.sglang_env), launcher, key)
+                                 dict(cfg.sglang_env), launcher, key, external_router)
         self.weight_version = 0
         self.synced_version: Optional[int] = None  # None until the first sync: engines report "default"
         self._update_groups = D.UpdateGroups(device)  # weight_sync=distributed from this process: one group per engine
@@ -122,7 +126,7 @@ class SGLangRollout:
     def _wait_router(self) -> None:
         body = {"input_ids": [self.tokenizer.eos_token_id], "sampling_params": {"max_new_tokens": 1}}
         try:
-            wait_routed(self.group.router_endpoint, body, self.cfg.sglang_server_start_timeout_s, self.group.log_dir / "router.log")
+            wait_routed(self.group.router_endpoint, body, self.cfg.sglang_server_start_timeout_s, self.group.router_log)
         except BaseException:
             self.shutdown()
             raise

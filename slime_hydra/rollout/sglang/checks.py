@@ -10,7 +10,7 @@ from typing import Optional
 from urllib.parse import urlsplit
 
 from slime_hydra.config.schema import ClusterConfig, RolloutConfig
-from slime_hydra.rollout.sglang.endpoint import KEY_ENV
+from slime_hydra.rollout.sglang.endpoint import KEY_ENV, ROUTER_KEY_ENV
 from slime_hydra.rollout.sglang.server_args import ROUTER_RUNNER_KEYS, RUNNER_KEYS, check_pass_through, router_arg_fields, server_arg_fields
 
 WEIGHT_SYNC = ("auto", "tensor", "distributed", "disk")
@@ -119,4 +119,37 @@ def check_external(rollout: RolloutConfig, cluster: ClusterConfig) -> list[str]:
         problems.append(f"{key}: the engines' API key is read from ${KEY_ENV}, which is not set; export the key the "
                         "engines were started with (sglang.launch_server --api-key): engines without one would serve "
                         "and take weights from anyone on the node")
+    return problems
+
+
+def check_external_router(rollout: RolloutConfig) -> list[str]:
+    """rollout.sglang_router_ip / rollout.sglang_router_port: a router this run attaches to (and so cannot start or
+    configure)."""
+    ip, port = rollout.sglang_router_ip, rollout.sglang_router_port
+    if ip is None and port is None:
+        return []
+    if ip is None or port is None:
+        given, missing = ("rollout.sglang_router_ip", "rollout.sglang_router_port")[::1 if port is None else -1]
+        return [f"{given} is set but {missing} is not: a router already running is named by both (or unset both, and "
+                "the run starts a router of its own)"]
+    key = "rollout.sglang_router_ip/rollout.sglang_router_port"
+    if rollout.backend != "sglang":
+        return [f"{key} names an sglang-router; rollout.backend={rollout.backend} routes nothing: set rollout=sglang or "
+                "unset both"]
+    problems = []
+    if not str(ip).strip() or "/" in str(ip) or " " in str(ip):
+        problems.append(f"rollout.sglang_router_ip={ip!r} is not a host: give an IP or a host name (no scheme, no port)")
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        problems.append(f"rollout.sglang_router_port={port!r} is not a port: give a number in 1..65535")
+    if rollout.sglang_router:
+        problems.append(f"rollout.sglang_router={dict(rollout.sglang_router)} configures a router this run starts; the "
+                        f"one at {key} runs with the options it was started with: drop rollout.sglang_router")
+    default_policy = RolloutConfig.__dataclass_fields__["sglang_router_policy"].default
+    if rollout.sglang_router_policy != default_policy:
+        problems.append(f"rollout.sglang_router_policy={rollout.sglang_router_policy} picks the policy of a router this "
+                        f"run starts; the one at {key} keeps its own: drop the override")
+    if not os.environ.get(ROUTER_KEY_ENV):
+        problems.append(f"{key}: the router's API key is read from ${ROUTER_KEY_ENV}, which is not set; export the key "
+                        "the router was started with (sglang_router.launch_router --api-key): a router without one "
+                        "would route anyone's requests, and take anyone's workers")
     return problems

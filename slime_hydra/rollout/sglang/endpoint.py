@@ -16,6 +16,9 @@ import secrets
 from dataclasses import dataclass, field
 
 KEY_ENV = "SLIME_HYDRA_SGLANG_API_KEY"
+# the key of a router this run did not start (rollout.sglang_router_ip / rollout.sglang_router_port): the environment
+# only, like KEY_ENV for engines it did not start, so no config dump or tracked run holds it
+ROUTER_KEY_ENV = "SLIME_HYDRA_SGLANG_ROUTER_API_KEY"
 
 
 def new_key() -> str:

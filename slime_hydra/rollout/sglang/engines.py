@@ -15,6 +15,8 @@ child of this process; under `cluster.backend=ray` the orchestration floor's lau
 Ray actor on the engine's bundle and hands back a handle with the same methods; `ExternalLauncher` starts nothing and
 hands back a server someone else started (rollout.rollout_external_engine_addrs), which the run never stops. Either way
 the engine has a URL, and everything else (router, generation, weight sync, health checks, restarts) goes over HTTP.
+The router is started here, in front of the engines' URLs, unless the run attaches to one already running
+(rollout.sglang_router_ip / rollout.sglang_router_port: `ExternalRouter`, which registers the engines with it).
 
 The engines and the router run with this run's API key (endpoint.py) and are launched through keyed.py, so the key
 is on no command line. A server counts as up once /health answers (without the key) and the socket on its port
@@ -37,6 +39,7 @@ import httpx
 
 from slime_hydra.errors import RunError
 from slime_hydra.rollout.sglang.endpoint import KEY_ENV, Endpoint, new_key
+from slime_hydra.rollout.sglang.external_router import ExternalRouter
 from slime_hydra.rollout.sglang.process import ManagedProcess, free_port
 from slime_hydra.rollout.sglang.server_args import to_argv
 
@@ -265,7 +268,7 @@ def squatted(what: str, url: str, pid: Optional[int]) -> str:
             "picks free ports)")
 
 
-def wait_routed(router: Endpoint, body: dict[str, Any], timeout_s: float, log_path: Path) -> None:
+def wait_routed(router: Endpoint, body: dict[str, Any], timeout_s: float, router_log: str) -> None:
     """The router answers /health before it routes: its first /generate can be 503 no_available_workers, or hang
     in front of an engine that is up but does not generate. One deadline for all of it: the start timeout's."""
     deadline = time.monotonic() + timeout_s
@@ -281,7 +284,7 @@ def wait_routed(router: Endpoint, body: dict[str, Any], timeout_s: float, log_pa
         time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
     raise EngineStartError(f"sglang-router at {router.url} did not route its first request within {timeout_s:g} s "
                            f"({last}; raise rollout.sglang_server_start_timeout_s if the engines are only slow); "
-                           f"log {log_path}")
+                           f"{router_log}")
 
 
 KEYED = [sys.executable, "-m", "slime_hydra.rollout.sglang.keyed"]  # the key: from the environment, not argv
@@ -296,8 +299,10 @@ def engine_argv(model_path: str, tp_size: int, seed: int, options: dict[str, Any
 class EngineGroup:
     def __init__(self, model_path: str, num_engines: int, tp_size: int, seed: int, options: dict[str, Any],
                  router_policy: str, router_options: dict[str, Any], log_dir: Path, start_timeout_s: float,
-                 env: dict[str, str] | None = None, launcher: Optional[Launcher] = None, key: Optional[str] = None):
-        """key: the engines' API key when they are not this run's (ExternalLauncher); a new one per run otherwise."""
+                 env: dict[str, str] | None = None, launcher: Optional[Launcher] = None, key: Optional[str] = None,
+                 external_router: Optional[ExternalRouter] = None):
+        """key: the engines' API key when they are not this run's (ExternalLauncher); a new one per run otherwise.
+        external_router: a router already running, which the engines are registered with (none is started then)."""
         self.log_dir, self.start_timeout_s = Path(log_dir), start_timeout_s
         self.launcher: Launcher = launcher if launcher is not None else LocalLauncher()
         self.key = key or new_key()  # the engines' and the router's
@@ -307,16 +312,25 @@ class EngineGroup:
         self.router_policy, self.router_options = router_policy, dict(router_options)
         self.router_port: Optional[int] = None
         self.router: Optional[ManagedProcess] = None
+        self.external_router = external_router
         self._monitor: Optional[threading.Thread] = None
         self._stop = threading.Event()
 
     @property
     def router_url(self) -> str:
-        return f"http://127.0.0.1:{self.router_port}"
+        return self.router_endpoint.url
 
     @property
     def router_endpoint(self) -> Endpoint:
-        return Endpoint(self.router_url, self.key)
+        if self.external_router is not None:
+            return self.external_router.endpoint
+        return Endpoint(f"http://127.0.0.1:{self.router_port}", self.key)
+
+    @property
+    def router_log(self) -> str:
+        if self.external_router is not None:
+            return self.external_router.log_hint
+        return f"log {self.log_dir / 'router.log'}"
 
     def _router_argv(self) -> list[str]:
         """The router runs here, in front of the engines' URLs (known once they are launched)."""
@@ -330,8 +344,9 @@ class EngineGroup:
                 "--host", "127.0.0.1", "--port", str(self.router_port), "--policy", self.router_policy, *to_argv(options)]
 
     def start(self, check: Optional[Callable[[list[Engine]], None]] = None) -> None:
-        """All engines start at once (they load in parallel), then the router in front of them. check(engines): once
-        every engine answers, before the router starts (an error there stops the group)."""
+        """All engines start at once (they load in parallel), then the router in front of them (or they are registered
+        with the router already running). check(engines): once every engine answers, before any router routes to them
+        (an error there stops the group)."""
         try:
             for e in self.engines:
                 e.launch()
@@ -341,6 +356,9 @@ class EngineGroup:
                 e.healthy.set()
             if check is not None:
                 check(self.engines)
+            if self.external_router is not None:
+                self.external_router.register([e.endpoint for e in self.engines])
+                return
             self.router = ManagedProcess("sglang-router", self._router_argv(), self.log_dir / "router.log",
                                          {KEY_ENV: self.key}).start()
             wait_healthy(self.router, self.router_url, self.start_timeout_s, "sglang-router")
@@ -411,6 +429,8 @@ class EngineGroup:
         self._stop.set()
         if self._monitor is not None:
             self._monitor.join(timeout=10)
+        if self.external_router is not None:  # before the engines stop: the router no longer sends them anything
+            self.external_router.remove()
         # all at once: an engine told to stop waits ~5 s for its crash diagnostics before it exits; nothing
         # of its state is kept, so 3 s of grace, then SIGKILL
         procs = [p for p in [self.router, *(e.process for e in self.engines)] if p is not None]

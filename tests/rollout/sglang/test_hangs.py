@@ -142,7 +142,7 @@ def test_a_router_that_does_not_route_fails_at_the_start_deadline_naming_the_key
         wait_healthy(router, url, 120, "sglang-router")
         t0 = time.monotonic()
         with pytest.raises(EngineStartError) as e:
-            wait_routed(Endpoint(url, "k"), {"input_ids": [0], "sampling_params": {"max_new_tokens": 1}}, 8, log)
+            wait_routed(Endpoint(url, "k"), {"input_ids": [0], "sampling_params": {"max_new_tokens": 1}}, 8, f"log {log}")
         took = time.monotonic() - t0
     finally:
         router.stop()
