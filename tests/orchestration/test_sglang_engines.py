@@ -52,11 +52,14 @@ def gone(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] == "Z"
 
 
-def test_colocated_engine_gets_the_weights_from_the_rank_on_its_bundle(ray_head, tmp_path):
+def test_colocated_engine_gets_the_weights_from_the_rank_on_its_bundle(ray_head, external_router, tmp_path):
     """cluster.colocate=true: 1 torch rank and 1 engine on one bundle; each sync's handles come from the rank's own
     tensors (orchestration/rank_weights.py: shared-memory files on CPU), not from the driver. 2 rollouts, each sync
     checked equal on the rank; the engine is checked once more here against rank 0's weights through the object store.
+    The router is one already running (rollout.sglang_router_ip/port: the test process's shared router): the engine
+    its Ray actor started is registered with it, with the run's key, and removed at shutdown.
     Runs before the module's disaggregated run."""
+    import httpx
     import ray
 
     from slime_hydra.app.build import build
@@ -66,11 +69,14 @@ def test_colocated_engine_gets_the_weights_from_the_rank_on_its_bundle(ray_head,
     from slime_hydra.rollout.sglang import weights as W
 
     join_ray(ray_head, "sglang_engines")
-    cfg = compose_run([a for a in ARGS if a != "cluster.colocate=false"] + ["cluster.colocate=true"])
+    cfg = compose_run([a for a in ARGS if a != "cluster.colocate=false"] + ["cluster.colocate=true", *external_router.overrides])
+    router = external_router.endpoint
     c = build(cfg, str(tmp_path))
     try:
         r = c.rollout
         assert r.mode == "tensor" and r.group.launcher.layout.engine_bundles == ((0,),)
+        workers = httpx.get(router.url + "/workers", headers=router.headers, timeout=30).json()["workers"]
+        assert [w["url"] for w in workers] == [r.group.engines[0].url] and r.group.router is None
         history = loop.run(loop_settings(cfg), c, str(tmp_path / "ckpt"))
         assert [m["rollout/weight_version"] for _, m in history if "rollout/weight_version" in m] == [0.0, 1.0]
         assert r.weight_version == 2 == r.synced_version
@@ -81,6 +87,7 @@ def test_colocated_engine_gets_the_weights_from_the_rank_on_its_bundle(ray_head,
     finally:
         c.rollout.shutdown()
         ray.shutdown()
+    assert httpx.get(router.url + "/workers", headers=router.headers, timeout=30).json()["workers"] == []
 
 
 @pytest.fixture(scope="module")

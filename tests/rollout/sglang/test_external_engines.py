@@ -137,16 +137,18 @@ def wait_for(what: str, cond, timeout_s: float) -> None:
 
 @pytest.mark.sglang
 @pytest.mark.integration
-def test_an_engine_that_stops_answering_is_waited_for_and_resynced_never_restarted(external_engine, tmp_path):
+def test_an_engine_that_stops_answering_is_waited_for_and_resynced_never_restarted(external_engine, external_router,
+                                                                                  tmp_path):
     """With use_fault_tolerance the health monitor sees the engine fail its checks (SIGSTOP: /health times out) and takes
     it out of service; its "restart" starts nothing. Once it answers again (SIGCONT) it gets the last synced weights
-    and version before it serves: the same process, nothing else started."""
+    and version before it serves: the same process, nothing else started. The router is not the run's either (the
+    shared one): the engine stays registered with it throughout, and the router routes to it again."""
     import signal
 
     from slime_hydra.app.build import build
 
     engine = external_engine.endpoint
-    cfg = compose_run([EXPERIMENT, *SHORT, external_engine.override, "rollout.use_fault_tolerance=true",
+    cfg = compose_run([EXPERIMENT, *SHORT, external_engine.override, *external_router.overrides, "rollout.use_fault_tolerance=true",
                        "rollout.rollout_health_check_interval=1", "rollout.rollout_health_check_max_failures=1"])
     c = build(cfg, str(tmp_path))
     try:
@@ -163,7 +165,11 @@ def test_an_engine_that_stops_answering_is_waited_for_and_resynced_never_restart
         assert (e.restarts, e.launches, e.process.pid) == (1, 2, None)
         assert model_info(engine)["weight_version"] == "0"  # the attach's version, re-sent
         assert W.check_equal(engine, named, cfg.model.dtype, 60) == len(named)
-        assert [f.name for f in (c.rollout.dir / "logs").glob("*.log")] == ["router.log"]
+        assert not list((c.rollout.dir / "logs").glob("*.log"))  # nothing of the run's started
+        router = external_router.endpoint
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}
+        wait_for("the router routing to it again", lambda: httpx.post(router.url + "/generate", json=body,
+                                                                       headers=router.headers, timeout=60).status_code == 200, 60)
     finally:
         c.rollout.shutdown()
-    assert os.path.exists(f"/proc/{external_engine.pid}")
+    assert os.path.exists(f"/proc/{external_engine.pid}") and os.path.exists(f"/proc/{external_router.pid}")

@@ -18,15 +18,15 @@ SHORT = ["logger=none", "logger.progress_bar=false", "eval.eval_interval=null", 
 
 @pytest.mark.sglang
 @pytest.mark.integration
-def test_the_post_write_hook_runs_after_each_disk_sync(tmp_path, external_engine):
-    """The engine (the test process's shared one, attached: reset to the model's files, as an engine the run starts
-    loads them, with no hook) takes version 0 (before the first rollout) and version 1 (after it) from disk: the hook
+def test_the_post_write_hook_runs_after_each_disk_sync(tmp_path, external_engine, external_router):
+    """The engine (the test process's shared one behind its shared router, attached: reset to the model's files, as an
+    engine the run starts loads them, with no hook) takes version 0 (before the first rollout) and version 1 (after it) from disk: the hook
     saw both, each time with the one safetensors file the engine then loaded."""
     from slime_hydra.app.preflight import compose_run
     from slime_hydra.app.session import run_session
 
     record = tmp_path / "post_write.jsonl"
-    args = [EXPERIMENT, *SHORT, external_engine.override, "++rollout.custom_update_weight_post_write={_target_:"
+    args = [EXPERIMENT, *SHORT, external_engine.override, *external_router.overrides, "++rollout.custom_update_weight_post_write={_target_:"
             f"tests.support.step_hooks.record_post_write,path:'{record}'}}"]
     run_session(compose_run(args), str(tmp_path / "run"), args)
     got = [json.loads(line) for line in record.read_text().splitlines()]
