@@ -15,6 +15,7 @@ the machine, other users' included).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -244,6 +245,27 @@ def join_ray(head: RayHead, namespace: str, log_to_driver: bool = True, **runtim
 
 # -- one SGLang CPU engine per test process, shared by its modules ---------------------------------------------------
 
+@contextlib.contextmanager
+def serving(name: str, argv: list[str], log_path: Path, env: dict, port: int, timeout_s: float):
+    """A server process of this test process (slime_hydra's ManagedProcess), once /health on `port` answers."""
+    from slime_hydra.rollout.sglang.engines import wait_healthy
+    from slime_hydra.rollout.sglang.process import ManagedProcess
+
+    proc = ManagedProcess(name, argv, log_path, env).start()
+    try:
+        wait_healthy(proc, f"http://127.0.0.1:{port}", timeout_s, f"the test process's {name}")
+        yield proc
+    finally:
+        proc.stop(grace_s=3.0)
+
+
+def keyed_for_module(var: str, shared):
+    """`shared` for one module, with its key in the environment variable a run reads it from."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(var, shared.key)
+        yield shared
+
+
 SHARED_ENGINE_EXPERIMENT = "experiment=grpo/qwen3-tiny-addition-cpu-sglang-torch-v1"
 
 
@@ -278,8 +300,7 @@ def sglang_engine(tmp_path_factory):
     from slime_hydra.app.preflight import compose_run
     from slime_hydra.models.build import build_model
     from slime_hydra.rollout.sglang.endpoint import KEY_ENV, new_key
-    from slime_hydra.rollout.sglang.engines import engine_argv, wait_healthy
-    from slime_hydra.rollout.sglang.process import ManagedProcess
+    from slime_hydra.rollout.sglang.engines import engine_argv
 
     root = tmp_path_factory.mktemp("shared_sglang_engine")
     cfg = compose_run([SHARED_ENGINE_EXPERIMENT])
@@ -290,12 +311,8 @@ def sglang_engine(tmp_path_factory):
     port, key = free_port(), new_key()
     argv = engine_argv(str(model_dir), 1, cfg.seed, {"dtype": cfg.model.dtype, **cfg.rollout.sglang}, "127.0.0.1", port)
     env = {**cfg.rollout.sglang_env, KEY_ENV: key}
-    proc = ManagedProcess("shared-sglang-engine", argv, root / "engine.log", env).start()
-    try:
-        wait_healthy(proc, f"http://127.0.0.1:{port}", 600, "the test process's shared SGLang engine")
+    with serving("shared-sglang-engine", argv, root / "engine.log", env, port, 600) as proc:
         yield SharedEngine(f"127.0.0.1:{port}", proc.pid, root / "engine.log", model_dir, key)
-    finally:
-        proc.stop(grace_s=3.0)
 
 
 @pytest.fixture(scope="module")
@@ -303,9 +320,7 @@ def external_engine(sglang_engine):
     """The shared engine for one module, its key where a run reads it ($SLIME_HYDRA_SGLANG_API_KEY)."""
     from slime_hydra.rollout.sglang.endpoint import KEY_ENV
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(KEY_ENV, sglang_engine.key)
-        yield sglang_engine
+    yield from keyed_for_module(KEY_ENV, sglang_engine)
 
 
 # -- one sglang-router per test process, in front of nothing until a run registers its engines -----------------------
@@ -337,20 +352,15 @@ def sglang_router(tmp_path_factory):
     launcher, its own random key, loopback, no workers): each run that attaches registers its engines and removes them
     when it ends, so the next module finds it empty (checked: a run refuses a router that routes to anything else)."""
     from slime_hydra.rollout.sglang.endpoint import KEY_ENV, new_key
-    from slime_hydra.rollout.sglang.engines import KEYED, wait_healthy
-    from slime_hydra.rollout.sglang.process import ManagedProcess
+    from slime_hydra.rollout.sglang.engines import KEYED
 
     root = tmp_path_factory.mktemp("shared_sglang_router")
     port, prometheus = free_ports(2)
     key = new_key()
     argv = [*KEYED, "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus)]
-    proc = ManagedProcess("shared-sglang-router", argv, root / "router.log", {KEY_ENV: key}).start()
-    try:
-        wait_healthy(proc, f"http://127.0.0.1:{port}", 120, "the test process's shared sglang-router")
+    with serving("shared-sglang-router", argv, root / "router.log", {KEY_ENV: key}, port, 120) as proc:
         yield SharedRouter("127.0.0.1", port, proc.pid, root / "router.log", key)
-    finally:
-        proc.stop(grace_s=3.0)
 
 
 @pytest.fixture(scope="module")
@@ -358,6 +368,4 @@ def external_router(sglang_router):
     """The shared router for one module, its key where a run reads it ($SLIME_HYDRA_SGLANG_ROUTER_API_KEY)."""
     from slime_hydra.rollout.sglang.endpoint import ROUTER_KEY_ENV
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(ROUTER_KEY_ENV, sglang_router.key)
-        yield sglang_router
+    yield from keyed_for_module(ROUTER_KEY_ENV, sglang_router)

@@ -9,8 +9,6 @@ registered when it ends, leaving the router running.
 from __future__ import annotations
 
 import os
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -19,6 +17,7 @@ from slime_hydra.app.plan import plan_text
 from slime_hydra.app.preflight import compose_run
 from slime_hydra.errors import ConfigError
 from slime_hydra.rollout.sglang.endpoint import ROUTER_KEY_ENV, Endpoint
+from tests.support.silent_server import silent_on_post
 
 EXPERIMENT = "experiment=grpo/qwen3-tiny-addition-cpu-sglang-torch-v1"
 SHORT = ["logger=none", "logger.progress_bar=false", "eval.eval_interval=null", "eval.skip_eval_before_train=true",
@@ -92,28 +91,11 @@ def test_a_run_registers_its_engine_with_the_router_and_removes_it_at_the_end(ex
     assert not [f for f in written if engine.key.encode() in f.read_bytes()]
 
 
-class Health(BaseHTTPRequestHandler):
-    """A server that answers every GET 200: what the router takes for a worker."""
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(b"{}")
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def foreign_worker():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    """What the router takes for another run's engine: /health answers."""
+    with silent_on_post(answer_get=True) as url:
+        yield url
 
 
 def register(router: Endpoint, url: str, key: str) -> str:
