@@ -111,7 +111,7 @@ def get(refs: Any, what: str, timeout_s: float, labels: Optional[Sequence[str]] 
 
 
 # A killed actor's death reaches the driver through the GCS: on a busy two-core machine it had not arrived 2 s after
-# its peer's failed collective (tests/orchestration/test_timeouts.py), and once (the tier beside it, 2026-12-06) not
+# its peer's failed collective (tests/orchestration/test_timeouts.py), and once, with the whole tier running beside it, not
 # within 5 s. The wait ends as soon as a peer's death arrives; only an error with no dead peer waits it out.
 DEATH_GRACE_S = 10.0
 

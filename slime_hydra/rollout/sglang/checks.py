@@ -129,8 +129,8 @@ def check_external_router(rollout: RolloutConfig) -> list[str]:
     if ip is None and port is None:
         return []
     if ip is None or port is None:
-        given, missing = ("rollout.sglang_router_ip", "rollout.sglang_router_port")[::1 if port is None else -1]
-        return [f"{given} is set but {missing} is not: a router already running is named by both (or unset both, and "
+        given, missing = ("ip", "port") if port is None else ("port", "ip")
+        return [f"rollout.sglang_router_{given} is set but rollout.sglang_router_{missing} is not: a router already running is named by both (or unset both, and "
                 "the run starts a router of its own)"]
     key = "rollout.sglang_router_ip/rollout.sglang_router_port"
     if rollout.backend != "sglang":

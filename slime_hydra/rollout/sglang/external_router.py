@@ -39,7 +39,7 @@ class ExternalRouter:
     def __init__(self, endpoint: Endpoint, timeout_s: float):
         """endpoint: the router's URL and key; timeout_s: the deadline of each wait (registration, removal)."""
         self.endpoint, self.timeout_s = endpoint, timeout_s
-        self.registered: dict[str, str] = {}  # engine URL -> the router's worker id, for what this run registered
+        self.registered: set[str] = set()  # the engine URLs this run registered
 
     @property
     def log_hint(self) -> str:
@@ -80,26 +80,20 @@ class ExternalRouter:
                 "part of its rollouts would be generated there, with other weights. Remove them from the router "
                 "(DELETE /workers/{id}), point rollout.sglang_router_ip / rollout.sglang_router_port at a router of "
                 "this run's own, or unset them and let the run start one")
-        stale = {w["url"]: str(w["id"]) for w in listed if w.get("url") in urls and "id" in w}
-        if stale:  # a killed run's registration of the same URL: its key may not be the engine's of now
-            for wid in stale.values():
-                self._remove(wid)
-            self._wait(lambda ws: not {w.get("url") for w in ws} & set(stale), f"old registrations of {sorted(stale)} "
-                       "to be removed")
+        if listed:  # only our own URLs: a killed run's registrations, whose key may not be the engine's of now
+            self._drop(urls, "old registrations of")
         try:
             for e in engines:
+                self.registered.add(e.url)
                 r = self._call("POST", "/workers", json={"url": e.url, "api_key": e.key})
                 if r.status_code not in (200, 201, 202):
                     raise RouterAttachError(f"the sglang-router at {self.endpoint.url} did not take the engine at "
                                             f"{e.url} (HTTP {r.status_code}: {r.text[:300]})")
-                self.registered[e.url] = str(r.json().get("worker_id", ""))
             self._wait(lambda ws: urls <= {w.get("url") for w in ws if w.get("is_healthy", True)},
                        f"the engines {sorted(urls)} to be listed healthy")
         except BaseException:
             self.remove()
             raise
-        listed = self.workers()  # ids as the router lists them (a 200 answer may carry none)
-        self.registered = {str(w["url"]): str(w["id"]) for w in listed if w.get("url") in urls and "id" in w}
 
     def _wait(self, done, what: str) -> None:
         deadline = time.monotonic() + self.timeout_s
@@ -113,23 +107,23 @@ class ExternalRouter:
                                         "rollout.sglang_server_start_timeout_s if the router is only slow")
             time.sleep(0.2)
 
-    def _remove(self, worker_id: str) -> None:
-        r = self._call("DELETE", f"/workers/{worker_id}")
-        if r.status_code not in (200, 202, 204, 404):
-            raise RouterAttachError(f"the sglang-router at {self.endpoint.url} did not remove worker {worker_id} "
-                                    f"(HTTP {r.status_code}: {r.text[:300]})")
+    def _drop(self, urls: set[str], what: str) -> None:
+        """The router's workers at `urls` removed (by the ids it lists them under), and waited for."""
+        for w in self.workers():
+            if w.get("url") in urls and "id" in w:
+                r = self._call("DELETE", f"/workers/{w['id']}")
+                if r.status_code not in (200, 202, 204, 404):
+                    raise RouterAttachError(f"the sglang-router at {self.endpoint.url} did not remove the worker at "
+                                            f"{w['url']} (HTTP {r.status_code}: {r.text[:300]})")
+        self._wait(lambda ws: not {w.get("url") for w in ws} & urls, f"{what} {sorted(urls)} to be removed")
 
     def remove(self) -> None:
         """The workers this run registered, removed (a router that is gone or refuses is logged, not raised: the run is
         ending) and waited for, so that the next run that attaches finds the router as it was."""
         if not self.registered:
             return
-        gone = set(self.registered)
         try:
-            for wid in self.registered.values():
-                if wid:
-                    self._remove(wid)
-            self._wait(lambda ws: not {w.get("url") for w in ws} & gone, f"the engines {sorted(gone)} to be removed")
+            self._drop(self.registered, "the engines")
         except RouterAttachError as e:
             log.warning("sglang-router: this run's engines may still be registered: %s", e)
-        self.registered = {}
+        self.registered = set()
