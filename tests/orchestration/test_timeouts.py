@@ -123,6 +123,19 @@ def test_async_call_past_its_timeout(local_ray):
     ray.kill(a)
 
 
+def wait_dead(actor, within_s: float = 60.0) -> None:
+    """ray.kill returns before the actor is gone: a call sent at once may still run, and fail with its own error
+    (its peer's closed gloo pair) rather than the death. Waits until a call to the actor fails as a dead actor's."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=max(0.1, deadline - time.monotonic()))
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the killed actor still answered after {within_s:g} s")
+
+
 def test_train_group_collective_timeout_and_a_dead_rank(local_ray):
     """2 gloo ranks with cluster.distributed_timeout_s=3: rank 0 alone in the step's first all-reduce gives up after
     3 s and the driver reports it; with rank 1 killed, the next train step names rank 1; shutdown still returns."""
@@ -154,6 +167,7 @@ def test_train_group_collective_timeout_and_a_dead_rank(local_ray):
         assert "raise cluster.distributed_timeout_s if it is only slow. Hint." in str(e.value)
 
         ray.kill(group.ranks[1])
+        wait_dead(group.ranks[1])
         with pytest.raises(RunError, match=r"^train step on rank 1: the actor died: The actor is dead because it was "
                                            r"killed by `ray.kill`\..* Hint\.$"):
             group.train_rollout(batch)
