@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import os
 from typing import Any, Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
@@ -35,6 +36,18 @@ def _leaf_paths(node: Any, prefix: str = "") -> list[str]:
     return out
 
 
+def _conf_listing() -> tuple:
+    """conf/'s directories and file names (experiment/ followed): what Hydra's groups and options are read from."""
+    return tuple(sorted((d, tuple(sorted(files))) for d, _, files in os.walk(CONF_DIR, followlinks=True)))
+
+
+# conf/'s listing -> its groups and each group's options, for the life of the process. Hydra answers each ask with a
+# fresh config repository, deep copies and all: without this, the asks took about 40% of a compose_run of an
+# experiment (a sweep's preflight asks again for every job). Keyed on the listing (~0.2 ms to read), so an option file
+# written meanwhile is seen.
+_LISTED: dict[tuple, dict[str, Any]] = {}
+
+
 class Composer:
     """Composes configs from conf/ with the project's schemas registered."""
 
@@ -45,6 +58,11 @@ class Composer:
         self._ctx = initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="slime_hydra")
         self._ctx.__enter__()
         self.config_name = config_name
+        listing = _conf_listing()
+        if listing not in _LISTED:
+            _LISTED.clear()  # an older listing's answers are stale
+            _LISTED[listing] = {}
+        self._listed = _LISTED[listing]
 
     def close(self) -> None:
         self._ctx.__exit__(None, None, None)
@@ -61,13 +79,16 @@ class Composer:
         return compose(config_name=self.config_name, overrides=overrides)
 
     def group_options(self, group: str) -> list[str]:
-        from hydra.core.global_hydra import GlobalHydra
+        key = f"options:{group}"
+        if key not in self._listed:
+            from hydra.core.global_hydra import GlobalHydra
 
-        loader = GlobalHydra.instance().config_loader()
-        options = list(loader.get_group_options(group))
-        for sub in loader.list_groups(group):  # nested options such as experiment=<family>/<name>
-            options += [f"{sub}/{o}" for o in self.group_options(f"{group}/{sub}")]
-        return sorted(options)
+            loader = GlobalHydra.instance().config_loader()
+            options = list(loader.get_group_options(group))
+            for sub in loader.list_groups(group):  # nested options such as experiment=<family>/<name>
+                options += [f"{sub}/{o}" for o in self.group_options(f"{group}/{sub}")]
+            self._listed[key] = sorted(options)
+        return list(self._listed[key])
 
     def choices(self) -> dict[str, str]:
         """group -> the option the primary config picks (Hydra's runtime choices), user groups only."""
@@ -77,10 +98,12 @@ class Composer:
         return {g: str(o) for g, o in picked.items() if g in self.groups()}
 
     def groups(self) -> set[str]:
-        from hydra.core.global_hydra import GlobalHydra
+        if "groups" not in self._listed:
+            from hydra.core.global_hydra import GlobalHydra
 
-        loader = GlobalHydra.instance().config_loader()
-        return {g for g in loader.list_groups("") if g not in ("hydra", "schema")}
+            loader = GlobalHydra.instance().config_loader()
+            self._listed["groups"] = frozenset(g for g in loader.list_groups("") if g not in ("hydra", "schema"))
+        return set(self._listed["groups"])
 
 
 def _nearest(word: str, candidates: Iterable[str], n: int = 3) -> str:
@@ -120,6 +143,7 @@ def check_overrides(composer: Composer, overrides: list[str]) -> tuple[Optional[
     parsed = OverridesParser.create().parse_overrides(overrides)
     groups = composer.groups()
     group_ovr, key_ovr = [], []
+    changes_only = True  # no key is added (+, ++) or deleted (~): those are checked against the config without them
     for text, o in zip(overrides, parsed):
         key = o.key_or_group
         if _is_hydra_override(key):
@@ -134,6 +158,12 @@ def check_overrides(composer: Composer, overrides: list[str]) -> tuple[Optional[
                 problems.append(f"{group}={value}: no such option in conf/{group}/; options: {options}{_nearest(str(value), options)}")
         else:
             key_ovr.append((text, key))
+            changes_only = changes_only and not (o.is_add() or o.is_force_add() or o.is_delete())
+    if key_ovr and changes_only and not problems:
+        try:  # the usual case: each key override changes a value that exists, which Hydra itself refuses otherwise
+            return composer.compose(group_ovr + [text for text, _ in key_ovr]), problems
+        except Exception:  # noqa: BLE001 - each culprit is found and named below
+            pass
     try:
         base = composer.compose(group_ovr)
     except Exception as e:  # noqa: BLE001 - a broken option file; report it with the others

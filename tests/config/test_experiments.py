@@ -87,6 +87,30 @@ def test_a_later_version_can_build_on_it(name, tmp_path, monkeypatch):
     assert golden_text(derived) == base_text.replace(f"experiment_name: {name}\n", "experiment_name: later/v9\n")
 
 
+def test_an_option_file_written_after_a_compose_is_an_option(tmp_path, monkeypatch):
+    """Groups and options are remembered for conf/'s listing of files (Hydra rebuilds its repository on every ask): an
+    experiment written after a compose in the same process is an option at the next one, and one removed is not."""
+    import shutil
+
+    from slime_hydra.config import compose as composing
+
+    conf = tmp_path / "conf"
+    shutil.copytree(ROOT / "conf", conf, symlinks=False)
+    monkeypatch.setattr(composing, "CONF_DIR", conf)
+    with Composer() as c:
+        cfg, problems = check_overrides(c, ["experiment=later/v9"])
+    assert len(problems) == 1 and problems[0].startswith("experiment=later/v9: no such option in conf/experiment/")
+    later = conf / "experiment" / "later" / "v9.yaml"
+    later.parent.mkdir(parents=True)
+    later.write_text("# @package _global_\nexperiment_name: later/v9\n")
+    with Composer() as c:
+        cfg, problems = check_overrides(c, ["experiment=later/v9"])
+        assert not problems and cfg.experiment_name == "later/v9" and "later/v9" in c.group_options("experiment")
+    later.unlink()
+    with Composer() as c:
+        assert "later/v9" not in c.group_options("experiment")
+
+
 # A CPU experiment that another default-tier test already launches, with its shape, for more rollouts: not started
 # again here (CI time; SGLang's CPU engines take a minute to start). The named module must name the experiment.
 LAUNCHED_ELSEWHERE = {
