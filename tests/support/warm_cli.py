@@ -37,8 +37,9 @@ IMPORTS = ["tests.support.warm_cli_imports"]
 
 # the environment the forkserver imports under: a CLI child's environment as the session began (conftest sets it)
 SESSION_ENV: dict[str, str] = {}
-# set by pytest for each test phase, read by nothing at import time
-PER_TEST = ("PYTEST_CURRENT_TEST",)
+# set per test and read by nothing at import time: pytest's test phase; where a run's own local Ray cluster keeps its
+# files (Ray reads it when the cluster starts)
+PER_TEST = ("PYTEST_CURRENT_TEST", "RAY_TMPDIR")
 _MAIN_PROCESS = type(multiprocessing.current_process())  # multiprocessing's _MainProcess (imported before any fork)
 _started: list[list[str]] = []  # [sys.path of a fresh interpreter under SESSION_ENV] once the forkserver runs
 # [the launcher a run's own local Ray cluster starts workers with]: tests/support/ray_worker_zygote.py, set by conftest
