@@ -107,12 +107,52 @@ def test_a_key_beginning_with_a_dash_reaches_the_routers_parser_as_the_key(monke
     ran = []
     monkeypatch.setenv(KEY_ENV, key)
     monkeypatch.setattr(sys, "argv", ["keyed", "sglang_router.launch_router", "--worker-urls", "http://127.0.0.1:1"])
+    monkeypatch.setitem(sys.modules, "sglang", sys.modules.get("sglang"))  # the launcher blocks it: restored after
     monkeypatch.setattr(sys, "stdout", sys.stdout)
     monkeypatch.setattr(sys, "stderr", sys.stderr)
     monkeypatch.setattr(runpy, "run_module", lambda module, **kw: ran.append(list(sys.argv)))
     keyed.main()
     assert ran and key not in ran[0][1:-1] and ran[0][-1] == f"--api-key={key}"
     assert parse_router_args(ran[0][1:]).api_key == key
+
+
+ROUTER_IMPORTS = """
+import json, os, sys
+from slime_hydra.rollout.sglang import keyed
+os.environ[keyed.KEY_ENV] = "k" * 43
+sys.argv = ["keyed", "sglang_router.launch_router", "--help"]
+try:
+    keyed.main()  # imports the router's module and its arguments' parser, which prints the help and exits
+except SystemExit:
+    pass
+print(json.dumps(sorted({m.split(".")[0] for m in sys.modules if m.startswith(("sglang.", "sglang_router."))})))
+"""
+
+
+def test_a_router_imports_sglang_only_for_the_python_load_balancer(monkeypatch):
+    """The router (Rust) never calls SGLang's package; sglang_router imports it only for mini_lb's tracing. Checked in a
+    fresh interpreter, as the router's own process starts; with --mini-lb, the launcher leaves SGLang importable."""
+    import json
+    import runpy
+    import subprocess
+
+    from slime_hydra.rollout.sglang import keyed
+    from slime_hydra.rollout.sglang.endpoint import KEY_ENV
+
+    out = subprocess.run([sys.executable, "-c", ROUTER_IMPORTS], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "usage:" in out.stdout  # the router's parser ran
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["sglang_router"], out.stdout[-500:]
+
+    seen = []
+    monkeypatch.setenv(KEY_ENV, "k" * 43)
+    monkeypatch.delitem(sys.modules, "sglang", raising=False)  # restored after
+    monkeypatch.setattr(sys, "argv", ["keyed", "sglang_router.launch_router", "--mini-lb"])
+    monkeypatch.setattr(sys, "stdout", sys.stdout)
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    monkeypatch.setattr(runpy, "run_module", lambda module, **kw: seen.append(sys.modules.get("sglang", "importable")))
+    keyed.main()
+    assert seen == ["importable"]
 
 
 def test_a_cpu_server_forks_its_children_and_a_gpu_server_spawns_them(monkeypatch):
