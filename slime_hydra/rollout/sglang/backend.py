@@ -43,6 +43,7 @@ from slime_hydra.rollout.sglang import sources as S
 from slime_hydra.rollout.sglang import weights as W
 from slime_hydra.rollout.sglang.checks import weight_sync_mode
 from slime_hydra.rollout.sglang.client import Generated, RouterClient
+from slime_hydra.rollout.sglang.endpoint import tls
 from slime_hydra.rollout.sglang.engines import (
     Engine,
     EngineGroup,
@@ -178,7 +179,7 @@ class SGLangRollout:
         if self._weights_lost:
             self._restore_weights()
         n = self.client.concurrency
-        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n)) as client:
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n), verify=tls()) as client:
             sem = asyncio.Semaphore(n)
             await asyncio.gather(*(self._batch(client, sem, chunk, sampling) for chunk in self._chunks(samples, sampling)))
         if self.offload:
@@ -218,7 +219,7 @@ class SGLangRollout:
         self._aborted = True
         for e in self.group.engines:
             try:
-                httpx.post(e.url + "/abort_request", json={"abort_all": True}, headers=e.endpoint.headers, timeout=10)
+                httpx.post(e.url + "/abort_request", json={"abort_all": True}, headers=e.endpoint.headers, timeout=10, verify=tls())
             except httpx.HTTPError as exc:
                 log.warning("abort on sglang engine %d failed: %s", e.index, exc)
 

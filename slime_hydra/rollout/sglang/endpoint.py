@@ -8,17 +8,32 @@ user only) and the launcher `keyed.py` hands it to the server's own arguments in
 /health answers without the key (SGLang keeps it open for probes): a health check sends none, so a process that took a
 server's port learns nothing from it, and the answer counts only from the process that was started
 (ServerProcess.listens_on).
+Every request goes out with the process's one TLS context (`tls`), not a new one each time.
 """
 
 from __future__ import annotations
 
+import functools
 import secrets
+import ssl
 from dataclasses import dataclass, field
+
+import httpx
 
 KEY_ENV = "SLIME_HYDRA_SGLANG_API_KEY"
 # the key of a router this run did not start (rollout.sglang_router_ip / rollout.sglang_router_port): the environment
 # only, like KEY_ENV for engines it did not start, so no config dump or tracked run holds it
 ROUTER_KEY_ENV = "SLIME_HYDRA_SGLANG_ROUTER_API_KEY"
+
+
+@functools.cache
+def tls() -> ssl.SSLContext:
+    """httpx's default TLS context (its CA bundle, SSL_CERT_FILE / SSL_CERT_DIR honoured), built once for the process and
+    passed as every request's `verify`. httpx builds one for each client, and `httpx.post` and its kin make a client per
+    request: about 30 ms of CPU each (the CA bundle's parse), even for plain http://, where the context goes unused. A
+    weight sync makes about 7 requests per engine and a health check one per engine per interval, so against a CPU
+    engine the context was most of their cost. An https:// endpoint is verified as before."""
+    return httpx.create_ssl_context()
 
 
 def new_key() -> str:

@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional, Protocol
 import httpx
 
 from slime_hydra.errors import RunError
-from slime_hydra.rollout.sglang.endpoint import KEY_ENV, Endpoint, new_key
+from slime_hydra.rollout.sglang.endpoint import KEY_ENV, Endpoint, new_key, tls
 from slime_hydra.rollout.sglang.external_router import ExternalRouter
 from slime_hydra.rollout.sglang.process import ManagedProcess, free_port
 from slime_hydra.rollout.sglang.server_args import to_argv
@@ -187,7 +187,7 @@ class Engine:
 
 def ping(url: str, path: str = "/health", timeout: float = 5.0) -> bool:
     try:
-        return httpx.get(url + path, timeout=timeout).status_code == 200
+        return httpx.get(url + path, timeout=timeout, verify=tls()).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -214,7 +214,7 @@ def engine_info(endpoint: Endpoint, timeout: float) -> dict[str, Any]:
     an engine that refuses the key, or answers no such JSON, is an EngineStartError saying why."""
     for path in ("/server_info", "/get_server_info"):
         try:
-            r = httpx.get(endpoint.url + path, headers=endpoint.headers, timeout=timeout)
+            r = httpx.get(endpoint.url + path, headers=endpoint.headers, timeout=timeout, verify=tls())
         except httpx.HTTPError as e:
             raise EngineStartError(f"the engine at {endpoint.url} did not answer {path}: {e}") from None
         if r.status_code in (401, 403):
@@ -275,7 +275,8 @@ def wait_routed(router: Endpoint, body: dict[str, Any], timeout_s: float, router
     last = "no answer yet"
     while (left := deadline - time.monotonic()) > 0:
         try:
-            r = httpx.post(router.url + "/generate", json=body, headers=router.headers, timeout=min(30.0, max(left, 0.1)))
+            r = httpx.post(router.url + "/generate", json=body, headers=router.headers, timeout=min(30.0, max(left, 0.1)),
+                           verify=tls())
             if r.status_code == 200:
                 return
             last = f"HTTP {r.status_code} {r.text[:200]}"

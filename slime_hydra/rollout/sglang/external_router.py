@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import httpx
 
 from slime_hydra.errors import RunError
-from slime_hydra.rollout.sglang.endpoint import ROUTER_KEY_ENV, Endpoint
+from slime_hydra.rollout.sglang.endpoint import ROUTER_KEY_ENV, Endpoint, tls
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class ExternalRouter:
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             r = httpx.request(method, self.endpoint.url + path, headers=self.endpoint.headers,
-                              timeout=min(30.0, self.timeout_s), **kwargs)
+                              timeout=min(30.0, self.timeout_s), verify=tls(), **kwargs)
         except httpx.HTTPError as e:
             raise RouterAttachError(f"no sglang-router answered {method} {self.endpoint.url}{path} ({type(e).__name__}: "
                                     f"{e}): check rollout.sglang_router_ip / rollout.sglang_router_port, or unset them "

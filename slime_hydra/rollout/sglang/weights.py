@@ -28,7 +28,7 @@ import httpx
 import torch
 
 from slime_hydra.errors import RunError
-from slime_hydra.rollout.sglang.endpoint import Endpoint
+from slime_hydra.rollout.sglang.endpoint import Endpoint, tls
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -59,7 +59,7 @@ def buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], max_bytes: int,
 
 def post(engine: Endpoint, path: str, payload: dict | None = None, timeout: float = 600.0) -> httpx.Response:
     try:
-        return httpx.post(engine.url + path, json=payload or {}, headers=engine.headers, timeout=timeout)
+        return httpx.post(engine.url + path, json=payload or {}, headers=engine.headers, timeout=timeout, verify=tls())
     except httpx.TimeoutException as e:
         raise WeightSyncError(f"POST {engine.url}{path}: no answer within {timeout:g} s ({type(e).__name__}); the engine is "
                               "stuck or overloaded: raise rollout.sglang_request_timeout_s if it is only slow, and "

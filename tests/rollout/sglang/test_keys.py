@@ -81,6 +81,35 @@ def test_an_engine_port_taken_before_the_engine_listens_is_refused_and_gets_no_k
     assert group.key not in (tmp_path / "engine_0.log").read_text()  # its start line: no key on the command line
 
 
+def test_requests_to_an_engine_build_no_tls_context_each(monkeypatch):
+    """Every request the runner sends an engine or router shares the process's one TLS context: building one parses the
+    CA bundle (about 30 ms of CPU), and httpx builds one for each client it makes, which `httpx.post` does per request.
+    Counted where any context loads its CAs, over a weight-sync request, a health check, an info query and a router call."""
+    import ssl
+
+    import httpx
+
+    from slime_hydra.rollout.sglang import weights as W
+    from slime_hydra.rollout.sglang.endpoint import Endpoint, tls
+    from slime_hydra.rollout.sglang.engines import engine_info, ping
+    from slime_hydra.rollout.sglang.external_router import ExternalRouter
+
+    tls()  # the process's one, built before the count starts
+    loads = []
+    load = ssl.SSLContext.load_verify_locations
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", lambda self, *a, **k: loads.append(1) or load(self, *a, **k))
+    with squatter() as (port, seen):
+        endpoint = Endpoint(f"http://127.0.0.1:{port}", "k" * 43)
+        for _ in range(3):
+            assert W.post(endpoint, "/pause_generation", {}, 10).status_code == 200
+            assert ping(endpoint.url)
+            engine_info(endpoint, 10)
+            assert ExternalRouter(endpoint, 10)._call("GET", "/workers").status_code == 200
+    assert len(seen) == 12 and loads == []
+    httpx.Client().close()  # the count sees a context built: a client made without `verify` builds its own
+    assert loads == [1]
+
+
 def test_the_key_is_the_runners_to_set():
     from slime_hydra.app.preflight import compose_run
     from slime_hydra.errors import ConfigError
