@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 unexport PYTHONDONTWRITEBYTECODE  # this project's own modules get their bytecode too (it goes to ignored __pycache__/)
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install run test test-fast test-all lint bench bench-rollout bench-algorithms bench-async bench-megatron bench-megatron-mix bench-sglang-gpu bench-data bench-engine-start clean golden slime-flags
+.PHONY: help install run test test-fast test-all lint bench bench-rollout bench-algorithms bench-async bench-megatron bench-megatron-mix bench-sglang-gpu bench-data bench-engine-start bench-weight-sync clean golden slime-flags
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -54,6 +54,9 @@ bench-rollout: $(STAMP) ## rollout tokens/s and weight-sync seconds: local vs sg
 
 bench-engine-start: $(STAMP) ## an SGLang CPU engine's start to its first request: children forked vs spawned
 	$(PY) -m benchmarks.bench_engine_start
+
+bench-weight-sync: $(STAMP) ## a CPU weight sync to two SGLang engines: one TLS context per process vs one per request
+	$(PY) -m benchmarks.bench_weight_sync
 
 bench-algorithms: $(STAMP) ## every algorithm= option from one warm start: held-out accuracy and wall time
 	$(PY) -m benchmarks.bench_algorithms
