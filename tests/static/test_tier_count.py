@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.runs import ROOT
 
-TIER_FLOOR = 1048  # tests `pytest` (the default tier: not slow, not gpu) collects
+TIER_FLOOR = 1050  # tests `pytest` (the default tier: not slow, not gpu) collects
 
 
 def _collects_the_tier(config: pytest.Config) -> bool:
